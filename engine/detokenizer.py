@@ -1,0 +1,59 @@
+"""Incremental detokenization with stop strings: token ids in, text deltas safe to show out."""
+
+from __future__ import annotations
+
+_PROMPT_TAIL = 6  # prompt tokens decoded along with the first outputs, so leading spaces survive
+
+
+class Detokenizer:
+    """Turns one request's tokens into text deltas; a delta never ends inside a UTF-8 character."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids = list(prompt_ids[-_PROMPT_TAIL:])
+        self._prefix = 0  # start of the window decoded for context
+        self._read = len(self._ids)  # end of what was already returned
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def add(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        before = self._decode(self._ids[self._prefix:self._read])
+        after = self._decode(self._ids[self._prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""  # an incomplete character, or a token with no text: wait for more
+        self._prefix, self._read = self._read, len(self._ids)
+        return after[len(before):]
+
+
+class StopStrings:
+    """Holds back text that could begin a stop string; reports the text before the first stop."""
+
+    def __init__(self, stops: list[str]):
+        self._stops = [s for s in stops if s]
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, stopped)."""
+        if not self._stops:
+            return delta, False
+        text = self._held + delta
+        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            self._held = ""
+            return text[:min(hits)], True
+        keep = 0
+        for stop in self._stops:  # longest suffix of text that is a proper prefix of a stop
+            for n in range(min(len(stop) - 1, len(text)), keep, -1):
+                if text.endswith(stop[:n]):
+                    keep = n
+                    break
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep], False
+
+    def flush(self) -> str:
+        """At the end of generation the held text was no stop after all."""
+        held, self._held = self._held, ""
+        return held

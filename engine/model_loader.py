@@ -1,0 +1,77 @@
+"""Load a registry entry's model and tokenizer onto the best device, without touching the network."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.registry import ModelSpec, RegistryError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]
+    context_length: int
+    vocab_size: int  # width of the logits, may exceed len(tokenizer)
+    spec: ModelSpec
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[dtype]
+
+
+def eos_ids_of(model, tokenizer) -> frozenset[int]:
+    ids = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return frozenset(ids)
+
+
+def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = False) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not spec.is_available() and not allow_download:
+        raise RegistryError(
+            f"model {spec.name!r} is not available locally (source {spec.source}); "
+            "put its weights in the Hugging Face cache or point `source` at a local path")
+    where, gguf_file = spec.locate()
+    target = pick_device(device)
+    dtype = pick_dtype(spec.dtype, target)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    kwargs["local_files_only"] = not allow_download
+    started = time.perf_counter()
+    print(f"maskd: loading {spec.name} from {spec.source} ({target}, {dtype})", file=sys.stderr, flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
+    model.to(target).eval()
+    if spec.chat_template:
+        tokenizer.chat_template = spec.chat_template
+    context = spec.context_length or getattr(model.config, "max_position_embeddings", 2048)
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    print(f"maskd: loaded {spec.name} in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
+    return LoadedModel(
+        name=spec.name, model=model, tokenizer=tokenizer, device=target, dtype=dtype,
+        eos_token_ids=eos_ids_of(model, tokenizer), context_length=context,
+        vocab_size=vocab_size, spec=spec)

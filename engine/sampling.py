@@ -1,0 +1,56 @@
+"""Sampling parameters and the choice of the next token of each row from its logits."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no limit
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+    def make_generator(self) -> torch.Generator | None:
+        """Per-request random stream: the same seed gives the same tokens, whatever else runs."""
+        if self.greedy:
+            return None
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(self.seed if self.seed is not None else random.getrandbits(63))
+        return generator
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """logits: [V] float (masked entries -inf). Returns the chosen token id."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    scores = logits.float() / params.temperature  # [V]
+    if params.top_k > 0 and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)  # [V], [V]
+        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+        drop = cumulative - torch.softmax(sorted_scores, dim=-1) >= params.top_p  # keep the first token past p
+        scores = scores.scatter(0, order[drop], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).cpu()  # [V]
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+    """logits: [B, V]; one SamplingParams and generator per row. Returns B token ids."""
+    if all(p.greedy for p in params):
+        return torch.argmax(logits, dim=-1).tolist()
+    return [sample_row(logits[i], p, g) for i, (p, g) in enumerate(zip(params, generators))]

@@ -1,0 +1,75 @@
+"""A request as the engine sees it: its prompt, parameters, constraint and output so far."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from engine.detokenizer import Detokenizer, StopStrings
+from engine.sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class Constraint(Protocol):
+    """The per-request matcher of the constraint interface (see DESIGN.md)."""
+
+    def fill(self, bitmask_row: torch.Tensor) -> None: ...
+    def advance(self, token_id: int) -> None: ...
+    def forced(self) -> list[int]: ...
+    def finished(self) -> bool: ...
+    def is_terminated(self) -> bool: ...
+
+
+@dataclass
+class Event:
+    """What the engine reports after each step of a request; finish_reason set on the last one."""
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    constraint: Constraint | None = None
+    emit: Callable[[Event], None] = lambda event: None
+    request_id: int = field(default_factory=lambda: next(_ids))
+
+
+class Sequence:
+    """Engine-thread state of one request."""
+
+    def __init__(self, request: Request, tokenizer, stop_token_ids: frozenset[int]):
+        self.request = request
+        self.params = request.params
+        self.constraint = request.constraint
+        self.generator = request.params.make_generator()
+        self.detokenizer = Detokenizer(tokenizer, request.prompt_ids)
+        self.stops = StopStrings(request.params.stop)
+        self.stop_token_ids = frozenset() if request.params.ignore_eos else stop_token_ids
+        self.stop_token_ids |= frozenset(request.params.stop_token_ids)
+        self.output_ids: list[int] = []
+        self.next_input: list[int] = list(request.prompt_ids)  # tokens not yet run through the model
+        self.cache = None  # the model's KV cache for this row
+        self.cached_tokens = 0
+        self.cancelled = False
+        self.finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt_ids) + len(self.output_ids)
+
+    def event(self, token_ids: list[int], text: str, error: str | None = None) -> Event:
+        return Event(
+            token_ids=token_ids, text=text, finish_reason=self.finish_reason,
+            prompt_tokens=len(self.request.prompt_ids), completion_tokens=len(self.output_ids),
+            cached_tokens=self.cached_tokens, error=error)

@@ -1,0 +1,113 @@
+"""The `maskd` command: serve, models, generate."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+from engine.registry import RegistryError, load_registry
+
+
+def _load(args):
+    from engine.engine import Engine
+    from engine.model_loader import load_model
+
+    spec = load_registry(args.models).get(args.model)
+    loaded = load_model(spec, device=args.device, allow_download=args.allow_download)
+    engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids,
+                    loaded.context_length, max_batch=args.max_batch)
+    return loaded, engine
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from server.app import create_app
+    from server.state import ServerState
+
+    loaded, engine = _load(args)
+    state = ServerState(model_name=loaded.name, tokenizer=loaded.tokenizer,
+                        context_length=loaded.context_length, tool_format=loaded.spec.tool_format,
+                        engine=engine)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_models(args) -> int:
+    registry = load_registry(args.models)
+    print(f"{'name':32} {'available':10} {'tool_format':12} source")
+    for spec in registry.models.values():
+        mark = " (default)" if spec.name == registry.default else ""
+        print(f"{spec.name + mark:32} {'yes' if spec.is_available() else 'no':10} {spec.tool_format:12} {spec.source}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from engine.sampling import SamplingParams
+    from engine.sequence import Request
+
+    loaded, engine = _load(args)
+    messages = [{"role": "user", "content": args.prompt}]
+    prompt_ids = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt_ids = loaded.tokenizer.encode(prompt_ids, add_special_tokens=False)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+
+    async def run() -> int:
+        started, count = time.perf_counter(), 0
+        async for event in engine.generate(Request(prompt_ids=prompt_ids, params=params)):
+            print(event.text, end="", flush=True)
+            count = event.completion_tokens
+        elapsed = time.perf_counter() - started
+        print(f"\n[{count} tokens in {elapsed:.2f}s: {count / elapsed:.1f} tokens/s]", file=sys.stderr)
+        return 0
+
+    engine.start()
+    try:
+        return asyncio.run(run())
+    finally:
+        engine.shutdown()
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="a name from models.yaml (default: its `default`)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1 ...")
+    parser.add_argument("--max-batch", type=int, default=8, help="most requests decoded together")
+    parser.add_argument("--allow-download", action="store_true",
+                        help="let transformers fetch weights from the Hugging Face hub")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="maskd", description="OpenAI-compatible server with valid tool calls")
+    parser.add_argument("--models", default=None, help="path of the model registry (default: models.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model on /v1")
+    _model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+    models = sub.add_parser("models", help="list models.yaml and whether each model is on this machine")
+    models.set_defaults(func=cmd_models)
+    generate = sub.add_parser("generate", help="complete one prompt and print tokens/s")
+    _model_args(generate)
+    generate.add_argument("prompt")
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RegistryError as exc:
+        print(f"maskd: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
