@@ -85,14 +85,7 @@ class KVSegment:
             raise ValueError("KVSegment.concat needs at least one segment; a zero-length match has no KV")
         if len(segments) == 1:
             return segments[0]
-        first = segments[0].data
-        for seg in segments[1:]:
-            d = seg.data
-            if d.shape[:3] != first.shape[:3] or d.shape[4] != first.shape[4] or d.dtype != first.dtype:
-                raise ValueError(
-                    f"cannot concatenate KV segments of different models: {tuple(first.shape)} {first.dtype} "
-                    f"vs {tuple(d.shape)} {d.dtype}; keep one prefix cache per loaded model"
-                )
+        _check_same_model(segments)
         return KVSegment(torch.cat([s.data for s in segments], dim=3))  # [L, 2, H, sum n, D]
 
     # ---- to and from transformers caches ----------------------------------------------------
@@ -145,3 +138,38 @@ class KVSegment:
         """
         per_layer = [(layer[0].unsqueeze(0), layer[1].unsqueeze(0)) for layer in self.data]  # [1, H, n, D] each
         return DynamicCache(per_layer)
+
+    @staticmethod
+    def batch_to_cache(segments: Sequence[KVSegment]) -> tuple[DynamicCache, torch.Tensor]:
+        """A left-padded DynamicCache for a batch of prefixes of different lengths.
+
+        Returns (cache, prefix_mask) with prefix_mask [B, N] (N = longest prefix; 1 = real token,
+        0 = padding). Row i's prefix occupies the last n_i slots. To continue, the caller passes
+        `attention_mask = cat([prefix_mask, new_tokens_mask], 1)` and `position_ids` starting at
+        n_i for row i, since the model cannot infer per-row positions from a padded cache.
+        """
+        if not segments:
+            raise ValueError("batch_to_cache needs at least one segment")
+        _check_same_model(segments)
+        first = segments[0].data
+        longest = max(len(s) for s in segments)
+        layers, _, heads, _, head_dim = first.shape
+        data = first.new_zeros(layers, 2, len(segments), heads, longest, head_dim)  # [L, 2, B, H, N, D]
+        prefix_mask = torch.zeros(len(segments), longest, dtype=torch.long, device=first.device)  # [B, N]
+        for i, seg in enumerate(segments):
+            n = len(seg)
+            data[:, :, i, :, longest - n :, :] = seg.data  # [L, 2, H, n, D]
+            prefix_mask[i, longest - n :] = 1
+        return DynamicCache([(layer[0], layer[1]) for layer in data]), prefix_mask  # [B, H, N, D] each
+
+
+def _check_same_model(segments: Sequence[KVSegment]) -> None:
+    """Segments can be joined only if layers, heads, head_dim, dtype and device all agree."""
+    first = segments[0].data
+    for seg in segments[1:]:
+        d = seg.data
+        if d.shape[:3] != first.shape[:3] or d.shape[4] != first.shape[4] or d.dtype != first.dtype or d.device != first.device:
+            raise ValueError(
+                f"cannot join KV segments of different models: {tuple(first.shape)} {first.dtype} {first.device} "
+                f"vs {tuple(d.shape)} {d.dtype} {d.device}; keep one prefix cache per loaded model"
+            )
