@@ -168,7 +168,8 @@ def _check_same_model(segments: Sequence[KVSegment]) -> None:
     first = segments[0].data
     for seg in segments[1:]:
         d = seg.data
-        if d.shape[:3] != first.shape[:3] or d.shape[4] != first.shape[4] or d.dtype != first.dtype or d.device != first.device:
+        same_shape = d.shape[:3] == first.shape[:3] and d.shape[4] == first.shape[4]
+        if not same_shape or d.dtype != first.dtype or d.device != first.device:
             raise ValueError(
                 f"cannot join KV segments of different models: {tuple(first.shape)} {first.dtype} {first.device} "
                 f"vs {tuple(d.shape)} {d.dtype} {d.device}; keep one prefix cache per loaded model"

@@ -26,6 +26,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from engine.kv_segment import KVSegment
 
 # Either the KV of the whole inserted sequence, or a function giving the KV of tokens [start, end)
@@ -79,6 +81,15 @@ class PrefixMatch:
         return KVSegment.concat(segments[::-1])
 
 
+def _token_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
+    """Plain ints: 0-d tensors would hash by identity and never match as dict keys."""
+    if isinstance(token_ids, torch.Tensor):
+        if token_ids.ndim != 1:
+            raise ValueError(f"token ids must be 1-D (one sequence), got shape {tuple(token_ids.shape)}; pass one row")
+        return token_ids.tolist()
+    return list(token_ids)
+
+
 def _common_prefix_len(key: list[int], tokens: list[int], start: int) -> int:
     """Length of the common prefix of `key` and `tokens[start:]`."""
     n = min(len(key), len(tokens) - start)
@@ -121,10 +132,10 @@ class RadixCache:
 
     # ---- lookup -----------------------------------------------------------------------------
 
-    def match(self, token_ids: Sequence[int]) -> PrefixMatch:
+    def match(self, token_ids: Sequence[int] | torch.Tensor) -> PrefixMatch:
         """Longest cached prefix of `token_ids`. Splits an edge when the match ends inside it, so
         the returned node covers exactly the matched prefix. Marks the path as recently used."""
-        tokens = list(token_ids)
+        tokens = _token_list(token_ids)
         node, i = self._walk(tokens, split_at_end=True)
         self._touch(node)
         self.num_lookups += 1
@@ -153,7 +164,8 @@ class RadixCache:
         """Cut `child`'s edge after k tokens: parent -> new(key[:k]) -> child(key[k:]).
         `child` keeps its identity (handles held by requests stay valid); returns the new node."""
         parent = child.parent
-        upper = RadixNode(next(self._uids), child.key[:k], child.kv.slice(0, k), parent, child.depth - len(child.key) + k)
+        depth = child.depth - len(child.key) + k
+        upper = RadixNode(next(self._uids), child.key[:k], child.kv.slice(0, k), parent, depth)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
         lower_kv = child.kv.slice(k, len(child.key))
@@ -171,14 +183,14 @@ class RadixCache:
 
     # ---- insertion --------------------------------------------------------------------------
 
-    def insert(self, token_ids: Sequence[int], kv: KVSource) -> int:
+    def insert(self, token_ids: Sequence[int] | torch.Tensor, kv: KVSource) -> int:
         """Cache `token_ids` with their KV; returns how many new tokens were stored.
 
         `kv` is a KVSegment covering all of `token_ids`, or a function (start, end) -> KVSegment
         for tokens [start, end) of them; only the part not already cached is read. May store
         fewer tokens than are new (a prefix of them) when locked nodes leave no room in the budget.
         """
-        tokens = list(token_ids)
+        tokens = _token_list(token_ids)
         if isinstance(kv, KVSegment) and len(kv) != len(tokens):
             raise ValueError(
                 f"insert got {len(tokens)} tokens but KV for {len(kv)}; pass the KV of every token of the "
@@ -190,7 +202,7 @@ class RadixCache:
             return 0  # all present
         segment = kv.slice(i, len(tokens)) if isinstance(kv, KVSegment) else kv(i, len(tokens))
         if len(segment) != len(tokens) - i:
-            raise ValueError(f"the KV source returned {len(segment)} tokens for [{i}, {len(tokens)}); fix the callable")
+            raise ValueError(f"the KV source gave {len(segment)} tokens for [{i}, {len(tokens)}); fix the callable")
         self._lock_path(node, +1)  # keep the attach point (and its ancestors) while making room
         overflow = self.size_bytes + segment.nbytes - self.budget_bytes
         if overflow > 0:
@@ -201,8 +213,7 @@ class RadixCache:
         if n_new <= 0:
             self._touch(node)
             return 0
-        if n_new < len(segment):
-            segment = segment.slice(0, n_new)
+        segment = segment if n_new == len(segment) else segment.slice(0, n_new)
         leaf = RadixNode(next(self._uids), tokens[i : i + n_new], segment, node, i + n_new)
         node.children[tokens[i]] = leaf
         self.size_bytes += segment.nbytes

@@ -91,6 +91,16 @@ def test_insert_reads_only_the_new_range_from_a_callable_source():
     c.check_integrity()
 
 
+def test_token_ids_may_be_a_1d_tensor():
+    c = RadixCache(1 << 20)
+    assert c.insert(torch.tensor([1, 2, 3]), fake_kv([1, 2, 3])) == 3
+    assert c.match(torch.tensor([1, 2, 4])).length == 2
+    assert c.match([1, 2, 3]).length == 3
+    with pytest.raises(ValueError, match="1-D"):
+        c.match(torch.tensor([[1, 2]]))
+    c.check_integrity()
+
+
 def test_insert_with_wrong_kv_length_is_refused():
     c = RadixCache(1 << 20)
     with pytest.raises(ValueError, match="tokens but KV for"):
@@ -126,6 +136,7 @@ def test_locked_prefix_is_never_evicted_and_unlock_releases_it():
     m = c.match([1, 2, 3, 9])  # splits [1,2,3 | 4]; the [4] leaf stays unlocked
     c.lock(m.node)
     c.check_integrity()
+    assert c.evictable_bytes == 3 * BPT
     assert c.evict(1 << 20) == 3 * BPT  # [4] and [5,6] go, [1,2,3] stays
     assert c.match([1, 2, 3]).length == 3
     assert_kv_is(m, [1, 2, 3])
