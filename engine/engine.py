@@ -101,6 +101,7 @@ class Engine:
             elif item in self._by_id:
                 self._by_id[item].cancelled = True
 
+    @torch.inference_mode()
     def step(self) -> None:
         """Prefill one newcomer if there is room, else decode one token for every running row."""
         for seq in [s for s in self._running + list(self._waiting) if s.cancelled]:

@@ -1,0 +1,143 @@
+"""The engine loop on a tiny random-weight Llama with the embedded model's tokenizer."""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from engine.engine import Engine
+from engine.sampling import SamplingParams
+from engine.sequence import Request
+
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def engine(tiny_model, smollm_tokenizer):
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), context_length=512)
+    eng.start()
+    yield eng
+    eng.shutdown()
+
+
+def run(engine, request):
+    async def collect():
+        return [event async for event in engine.generate(request)]
+    return asyncio.run(collect())
+
+
+def prompt(tokenizer, text="The quick brown fox"):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_greedy_matches_full_forward_argmax(engine, tiny_model, smollm_tokenizer):
+    ids = prompt(smollm_tokenizer)
+    events = run(engine, Request(prompt_ids=ids, params=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)))
+    tokens = [t for e in events for t in e.token_ids]
+    expected = list(ids)
+    with torch.no_grad():
+        for _ in range(12):  # no KV cache: the whole sequence every step
+            expected.append(int(tiny_model(torch.tensor([expected])).logits[0, -1].argmax()))
+    assert tokens == expected[len(ids):]
+    assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 12
+    assert "".join(e.text for e in events) == smollm_tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def test_same_seed_same_output_across_runs(engine, smollm_tokenizer):
+    def sampled(seed):
+        params = SamplingParams(max_tokens=16, temperature=1.0, seed=seed, ignore_eos=True)
+        return [t for e in run(engine, Request(prompt_ids=prompt(smollm_tokenizer), params=params)) for t in e.token_ids]
+    assert sampled(11) == sampled(11)
+    assert sampled(11) != sampled(12)
+
+
+def test_eos_stops_without_text(engine, smollm_tokenizer, tiny_model):
+    ids = prompt(smollm_tokenizer)
+    with torch.no_grad():
+        first = int(tiny_model(torch.tensor([ids])).logits[0, -1].argmax())
+    params = SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[first])
+    events = run(engine, Request(prompt_ids=ids, params=params))
+    assert len(events) == 1 and events[0].finish_reason == "stop" and events[0].text == ""
+
+
+def test_stop_string_cuts_the_text(engine, smollm_tokenizer):
+    ids = prompt(smollm_tokenizer)
+    free = run(engine, Request(prompt_ids=ids, params=SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)))
+    text = "".join(e.text for e in free)
+    stop = text[5:8]
+    assert stop.strip(), "the tiny model's text should have a stop string to find"
+    events = run(engine, Request(prompt_ids=ids, params=SamplingParams(max_tokens=20, temperature=0, stop=[stop])))
+    assert "".join(e.text for e in events) == text[:text.index(stop)]
+    assert events[-1].finish_reason == "stop"
+
+
+def test_logits_hook_edits_every_step(tiny_model, smollm_tokenizer):
+    allowed = smollm_tokenizer.encode(" yes no", add_special_tokens=False)
+    seen_shapes = []
+
+    def only_allowed(logits, seqs):  # logits [B, V]
+        seen_shapes.append(tuple(logits.shape))
+        keep = logits[:, allowed].clone()
+        logits.fill_(float("-inf"))
+        logits[:, allowed] = keep
+
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=[only_allowed])
+    eng.start()
+    try:
+        events = run(eng, Request(prompt_ids=prompt(smollm_tokenizer), params=SamplingParams(max_tokens=8, seed=1)))
+    finally:
+        eng.shutdown()
+    assert all(t in allowed for e in events for t in e.token_ids)
+    assert seen_shapes == [(1, VOCAB)] * 8
+
+
+def test_failing_step_fails_its_request_and_engine_keeps_serving(tiny_model, smollm_tokenizer):
+    calls = []
+
+    def broken_once(logits, seqs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=[broken_once])
+    eng.start()
+    try:
+        first = run(eng, Request(prompt_ids=prompt(smollm_tokenizer), params=SamplingParams(max_tokens=4)))
+        second = run(eng, Request(prompt_ids=prompt(smollm_tokenizer), params=SamplingParams(max_tokens=4, ignore_eos=True)))
+    finally:
+        eng.shutdown()
+    assert first[-1].finish_reason == "error" and "boom" in first[-1].error
+    assert second[-1].finish_reason == "length" and second[-1].completion_tokens == 4
+
+
+def test_leaving_the_stream_cancels_the_request(engine, smollm_tokenizer):
+    async def leave_early():
+        request = Request(prompt_ids=prompt(smollm_tokenizer), params=SamplingParams(max_tokens=400, ignore_eos=True))
+        async for event in engine.generate(request):
+            break
+        for _ in range(100):  # the engine drops the row within a step or two
+            await asyncio.sleep(0.02)
+            if not engine._running and not engine._waiting:
+                return True
+        return False
+    assert asyncio.run(leave_early())
+
+
+def test_context_length_ends_generation(tiny_model, smollm_tokenizer):
+    ids = prompt(smollm_tokenizer)
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), context_length=len(ids) + 3)
+    eng.start()
+    try:
+        events = run(eng, Request(prompt_ids=ids, params=SamplingParams(max_tokens=50, ignore_eos=True)))
+    finally:
+        eng.shutdown()
+    assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 3

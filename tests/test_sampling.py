@@ -1,0 +1,49 @@
+import torch
+
+from engine.sampling import SamplingParams, sample, sample_row
+
+
+def _logits(seed=0, vocab=1000):
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed))
+
+
+def _draws(params, logits, n=20):
+    generator = params.make_generator()
+    return [sample_row(logits, params, generator) for _ in range(n)]
+
+
+def test_greedy_is_argmax_per_row():
+    logits = torch.stack([_logits(1), _logits(2)])
+    params = [SamplingParams(temperature=0.0)] * 2
+    assert sample(logits, params, [None, None]) == logits.argmax(-1).tolist()
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    logits = _logits() * 0.1  # nearly flat: draws vary
+    a = _draws(SamplingParams(temperature=1.0, seed=7), logits)
+    b = _draws(SamplingParams(temperature=1.0, seed=7), logits)
+    c = _draws(SamplingParams(temperature=1.0, seed=8), logits)
+    assert a == b and a != c
+
+
+def test_top_k_limits_support():
+    logits = _logits()
+    allowed = set(torch.topk(logits, 5).indices.tolist())
+    draws = _draws(SamplingParams(temperature=2.0, top_k=5, seed=1), logits, n=200)
+    assert set(draws) <= allowed and len(set(draws)) > 1
+
+
+def test_top_p_keeps_the_nucleus_only():
+    logits = torch.full((100,), -10.0)
+    logits[[3, 4]] = torch.tensor([5.0, 4.9])  # together nearly all the mass
+    draws = _draws(SamplingParams(temperature=1.0, top_p=0.9, seed=3), logits, n=200)
+    assert set(draws) == {3, 4}
+    draws = _draws(SamplingParams(temperature=1.0, top_p=0.01, seed=3), logits, n=50)
+    assert set(draws) == {3}
+
+
+def test_masked_tokens_are_never_sampled():
+    logits = _logits()
+    logits[::2] = float("-inf")
+    draws = _draws(SamplingParams(temperature=1.5, seed=5), logits, n=300)
+    assert all(token % 2 == 1 for token in draws)
