@@ -122,6 +122,14 @@ class Engine:
             self._append(seq, token)
 
     def _append(self, seq: Sequence, token: int) -> None:
+        """Appends the sampled token, then any tokens the constraint forces (jump-forward)."""
+        if self._append_one(seq, token) and seq.constraint is not None:
+            for forced in seq.constraint.forced():
+                if not self._append_one(seq, forced):
+                    break
+
+    def _append_one(self, seq: Sequence, token: int) -> bool:
+        """Appends one token and reports it; False once the request has finished."""
         seq.output_ids.append(token)
         seq.next_input.append(token)
         if seq.constraint is not None:
@@ -139,9 +147,10 @@ class Engine:
                 reason = "length"
         if reason is None:
             seq.request.emit(seq.event([token], text))
-            return
+            return True
         text += seq.stops.flush()  # held text that turned out to start no stop string
         self._finish(seq, reason, token_ids=[token], text=text)
+        return False
 
     def _finish(self, seq: Sequence, reason: str, token_ids: list[int] | None = None,
                 text: str = "", error: str | None = None) -> None:

@@ -1,0 +1,36 @@
+"""The logits hook that applies each constrained row's token mask (the engine side of the constraint interface)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.sequence import Sequence
+from grammars.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks
+
+
+class ConstraintMasker:
+    """Fills the bitmask rows of every constrained row in one call, then masks those rows' logits."""
+
+    def __init__(self, vocab_size: int, max_batch: int):
+        self.vocab_size = vocab_size
+        self.bitmask = allocate_token_bitmask(max_batch, vocab_size)  # int32 [max_batch, W], CPU
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    def _device_mask(self, device: torch.device) -> torch.Tensor:
+        if device.type == "cpu":
+            return self.bitmask
+        mask = self._on_device.get(device)
+        if mask is None or mask.shape != self.bitmask.shape:
+            mask = self._on_device[device] = torch.empty_like(self.bitmask, device=device)
+        return mask.copy_(self.bitmask, non_blocking=True)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """logits: [B, V], row i belongs to seqs[i]; edited in place."""
+        pairs = [(row, seq.constraint) for row, seq in enumerate(seqs) if seq.constraint is not None]
+        if not pairs:
+            return
+        if len(seqs) > self.bitmask.shape[0]:
+            self.bitmask = allocate_token_bitmask(len(seqs), self.vocab_size)
+        fill_next_token_bitmasks(pairs, self.bitmask)
+        mask = self._device_mask(logits.device)
+        apply_token_bitmask_inplace(logits, mask, rows=[row for row, _ in pairs])
