@@ -1,4 +1,4 @@
-"""Hermes-style tool calls, as Qwen2.5 (and NousResearch Hermes) models write them.
+r"""Hermes-style tool calls, as Qwen2.5 (and NousResearch Hermes) models write them.
 
 Output: optional text, then per call a block
     <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>

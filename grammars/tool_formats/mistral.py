@@ -1,4 +1,4 @@
-"""Mistral tool calls, as Mistral-7B-Instruct-v0.3's template renders them.
+r"""Mistral tool calls, as Mistral-7B-Instruct-v0.3's template renders them.
 
 Output: `[TOOL_CALLS]` then one JSON list of calls (the template writes a space before the list):
     [TOOL_CALLS] [{"name": "NAME", "arguments": ARGS}, {"name": "NAME", "arguments": ARGS}]
