@@ -38,6 +38,7 @@ class StreamParser:
         self._at_start = True      # nothing released yet: a bare `{` may open a block
         self._after_call = False   # whitespace right after a block is dropped
         self._raw = ""             # block text since the last commit point, released on fallback
+        self._commit = False       # the character being read completes a call or block: clear _raw after it
         self._calls = 0            # calls started so far; the next call's index
         self._call_open = False
         self._events: list[ParsedEvent] = []
@@ -61,6 +62,8 @@ class StreamParser:
             if consumed:
                 self._raw += char
                 i += 1
+            if self._commit:
+                self._raw, self._commit = "", False
         return self._take_events()
 
     def close(self) -> list[ParsedEvent]:
@@ -115,7 +118,7 @@ class StreamParser:
     # -- inside a call block --------------------------------------------------------------------------
 
     def _start_block(self, opening: str) -> None:
-        self._state, self._raw = BLOCK_START, opening
+        self._state, self._raw, self._commit = BLOCK_START, opening, False
         self._at_start = self._after_call = False
 
     def _read_block_char(self, c: str) -> bool:
@@ -197,7 +200,7 @@ class StreamParser:
             self._state, self._close_matched = CLOSE_DELIM, 0
             return False
         else:  # the block ends at the end of the output; text after it is content
-            self._state, self._raw = CONTENT, ""
+            self._state, self._commit = CONTENT, True
             return False
         return True
 
@@ -224,7 +227,7 @@ class StreamParser:
             return
         self._name, self._state = value, OBJ_NEXT
         self._events.append(CallStart(self._calls, value))
-        self._call_open, self._raw = True, ""
+        self._call_open, self._commit = True, True
         if self._args_pending:
             self._emit_args("".join(self._args_pending))
             self._args_pending = []
@@ -240,17 +243,17 @@ class StreamParser:
     def _end_call(self) -> None:
         self._events.append(CallEnd(self._calls))
         self._calls += 1
-        self._call_open, self._raw = False, ""
+        self._call_open, self._commit = False, True
 
     def _end_block(self) -> None:
-        self._state, self._raw, self._after_call = CONTENT, "", True
+        self._state, self._commit, self._after_call = CONTENT, True, True
 
     def _fall_back(self) -> None:
         if self._call_open:
             self._end_call()
         else:
             self._emit_content(self._raw)
-        self._state, self._raw = CONTENT, ""
+        self._state, self._raw, self._commit = CONTENT, "", False
 
     def _reset_object(self) -> None:
         self._key: str | None = None
