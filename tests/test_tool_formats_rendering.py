@@ -121,6 +121,14 @@ def test_builtin_tool_results_per_family():
     assert messages[2]["content"].endswith(f'"id": "{call_id}"}}]')
 
 
+def test_delimiters():
+    shapes = {name: (get_tool_format(name).open, get_tool_format(name).close, get_tool_format(name).open_text(),
+                     get_tool_format(name).call_may_open_reply) for name in FAMILY}
+    assert shapes == {"hermes": ("<tool_call>", "</tool_call>", "<tool_call>", False),
+                      "llama3_json": ("<|python_tag|>", None, "", True),
+                      "mistral": ("[TOOL_CALLS]", None, "[TOOL_CALLS]", False)}
+
+
 def test_mistral_call_ids():
     fmt = get_tool_format("mistral")
     assert fmt.map_call_id("abcDEF123") == "abcDEF123"

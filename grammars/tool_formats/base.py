@@ -56,6 +56,12 @@ class ToolFormat(ABC):
         """The delimiter that closes one call block, or None where the block ends at EOS."""
         return self.shape.close
 
+    @property
+    def call_may_open_reply(self) -> bool:
+        """True where a reply whose first non-whitespace character is `{` is a call without any
+        delimiter (llama3_json): a lazy constraint must then also arm on that `{`."""
+        return self.shape.bare_object_at_start
+
     def open_text(self) -> str:
         """The text a caller forces before the block in required/named modes: the whole assistant
         output is then `open_text() + <text matching call_block_regex(...)>`, then EOS."""
