@@ -144,5 +144,8 @@ def test_template_path_handles_missing_and_bad_arguments():
              {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par'}}]
     messages, _ = fmt.prepare_messages([{"role": "assistant", "content": "", "tool_calls": calls}], TOOLS, True)
     assert [c["function"]["arguments"] for c in messages[0]["tool_calls"]] == [{}, '{"city": "Par']
+    no_id = [{"type": "function", "function": {"name": "get_time", "arguments": "{}"}}]
+    messages, _ = get_tool_format("mistral").prepare_messages([{"role": "assistant", "tool_calls": no_id}], None, True)
+    assert "id" not in messages[0]["tool_calls"][0]
     plain, _ = fmt.prepare_messages([{"role": "assistant", "content": "hi", "tool_calls": []}], None, True)
     assert plain == [{"role": "assistant", "content": "hi"}]

@@ -135,7 +135,10 @@ class ToolFormat(ABC):
                 for call in message["tool_calls"]:
                     function = dict(call.get("function") or {})
                     function["arguments"] = arguments_object(function.get("arguments"))
-                    calls.append({**call, "id": self.map_call_id(call.get("id")), "function": function})
+                    call = {**call, "function": function}
+                    if call.get("id") is not None:
+                        call["id"] = self.map_call_id(call["id"])
+                    calls.append(call)
                 message["tool_calls"] = calls
             else:
                 message.pop("tool_calls", None)  # templates test `'tool_calls' in message`
