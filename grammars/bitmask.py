@@ -1,0 +1,104 @@
+"""Packed token bitmasks: allocate, fill from matchers, apply to logits in place.
+
+Layout (xgrammar's and outlines-core's): int32 [batch, ceil(vocab/32)], bit j of word
+w is token 32*w + j, 1 = allowed.  ``apply_token_bitmask_inplace`` unpacks bits with a
+cached shift tensor into preallocated scratch buffers (one set per device, batch and
+width) and ``masked_fill_``s the logits: no allocation per decoding step once warm.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_SCRATCH: dict[tuple, "_Scratch"] = {}
+
+
+def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
+    """int32 [batch, ceil(vocab_size/32)], all tokens allowed (-1 = all bits set)."""
+    return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def fill_next_token_bitmasks(pairs, bitmask: torch.Tensor) -> None:
+    """For each (row, matcher) in ``pairs`` write the matcher's allowed tokens into ``bitmask[row]``.
+
+    bitmask: int32 [B, W] (CPU; copy to the logits' device after filling).
+    """
+    for row, matcher in pairs:
+        matcher.fill(bitmask[row])
+
+
+class _Scratch:
+    """Preallocated buffers for one (device, batch, width)."""
+
+    def __init__(self, device: torch.device, batch: int, width: int) -> None:
+        # banned_lut[b, j] = bit j of byte b is 0 (token disallowed); bool [256, 8]
+        byte = torch.arange(256, dtype=torch.int32).unsqueeze(1)
+        bit = torch.arange(8, dtype=torch.int32)
+        self.banned_lut = ((byte >> bit) & 1 == 0).to(device)
+        self.byte_index = torch.empty((batch, width * 4), dtype=torch.int64, device=device)
+        self.banned = torch.empty((batch, width * 32), dtype=torch.bool, device=device)
+        self.unselected = torch.zeros((batch, 1), dtype=torch.bool, device=device)
+        self.selected = torch.ones((batch, 1), dtype=torch.bool, device=device)
+        self.rows: tuple[int, ...] | None = None  # rows marked in `selected` (None = all)
+
+    def select(self, rows: list[int] | None, batch: int) -> None:
+        key = None if rows is None or len(rows) == batch else tuple(rows)
+        if key == self.rows:
+            return
+        flags = torch.ones((batch, 1), dtype=torch.bool)
+        if key is not None:
+            flags.zero_()
+            flags[list(key)] = True
+        self.selected.copy_(flags)  # only when the set of constrained rows changes
+        torch.logical_not(self.selected, out=self.unselected)
+        self.rows = key
+
+
+def _scratch(device: torch.device, batch: int, width: int) -> _Scratch:
+    key = (device, batch, width)
+    scratch = _SCRATCH.get(key)
+    if scratch is None:
+        scratch = _SCRATCH[key] = _Scratch(device, batch, width)
+    return scratch
+
+
+def apply_token_bitmask_inplace(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None
+) -> None:
+    """Set disallowed logits to -inf in place, on ``rows`` only (all rows if None).
+
+    logits: float [B, V]; bitmask: int32 [B', W] with B' >= B, on logits' device.
+    Tokens >= W*32 are disallowed; bits for tokens >= V are ignored.
+    """
+    if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or logits.dim() != 2:
+        raise ValueError(
+            f"expected logits [B, V] and an int32 bitmask [B, W]; got logits "
+            f"{tuple(logits.shape)} and bitmask {bitmask.dtype} {tuple(bitmask.shape)}; "
+            f"allocate the mask with allocate_token_bitmask(batch, vocab_size)"
+        )
+    batch, vocab = logits.shape
+    if bitmask.shape[0] < batch:
+        raise ValueError(
+            f"bitmask has {bitmask.shape[0]} rows but logits have {batch}; allocate the "
+            f"bitmask for the largest batch"
+        )
+    if bitmask.device != logits.device:
+        raise ValueError(
+            f"bitmask is on {bitmask.device} but logits are on {logits.device}; copy the "
+            f"filled bitmask with bitmask.to(logits.device, non_blocking=True) first"
+        )
+    if rows is not None and len(rows) == 0:
+        return
+    width = bitmask.shape[1]
+    s = _scratch(logits.device, batch, width)
+    s.select(rows, batch)
+    index = s.byte_index  # [B, W*4] int64: the mask's bytes (little-endian words)
+    index.copy_(bitmask[:batch].contiguous().view(torch.uint8))
+    if s.rows is not None:
+        index.masked_fill_(s.unselected, 255)  # unconstrained rows: every bit set
+    banned = s.banned  # [B, W*32] bool, True = disallowed
+    torch.index_select(s.banned_lut, 0, index.view(-1), out=banned.view(-1, 8))
+    covered = min(vocab, width * 32)
+    logits[:, :covered].masked_fill_(banned[:, :covered], float("-inf"))
+    if vocab > covered:  # logits wider than the mask: the tail is never allowed
+        logits[:, covered:].masked_fill_(s.selected, float("-inf"))

@@ -1,0 +1,135 @@
+"""CompileWorker: a child process that builds outlines-core indexes, killable on timeout.
+
+A Python thread cannot be stopped, and although outlines-core releases the GIL while
+it builds an index (measured: the caller keeps running), a runaway compile in a thread
+would keep burning a core and memory forever.  So compiles run in a child process
+(``python -c`` running ``serve()``; a plain subprocess rather than multiprocessing's
+spawn, which would re-import the caller's ``__main__``): on timeout the child is killed
+and a fresh one started.  Frames on the pipes are an 8-byte length plus a pickle; the
+index comes back in outlines-core's pickled (binary) form, ~1 ms per MB.
+
+This module imports only the standard library and outlines_core (no torch), so the
+child starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import time
+
+from grammars.errors import CompileTimeout, GrammarError
+
+_STARTUP_TIMEOUT_S = 60.0
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BOOT = f"import sys; sys.path.insert(0, {_ROOT!r}); from grammars.compile_worker import serve; serve()"
+
+
+def _write(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks, left = [], n
+    while left:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+                raise TimeoutError
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read(fd: int, deadline: float | None):
+    (size,) = struct.unpack("<Q", _read_exact(fd, 8, deadline))
+    return pickle.loads(_read_exact(fd, size, deadline))
+
+
+def serve() -> None:  # runs in the child
+    import outlines_core
+
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints must not corrupt the frame stream
+    inp = sys.stdin.buffer.fileno()
+    vocabulary = _read(inp, None)
+    _write(out, ("ready", None))
+    while True:
+        try:
+            regex = _read(inp, None)
+        except EOFError:
+            return
+        try:
+            _write(out, ("ok", outlines_core.Index(regex, vocabulary)))
+        except Exception as e:  # noqa: BLE001 - report any compile failure to the parent
+            _write(out, ("error", f"{type(e).__name__}: {e}"))
+
+
+class CompileWorker:
+    """One child process holding the vocabulary; ``build(regex, timeout_s)`` -> Index."""
+
+    def __init__(self, vocabulary_blob: bytes) -> None:
+        self._blob = vocabulary_blob  # pickled outlines_core.Vocabulary
+        self._proc: subprocess.Popen | None = None
+        self._ready = False
+
+    def start(self) -> None:
+        """Start the child if none runs (returns at once; readiness is awaited on build)."""
+        if self._proc is not None:
+            return
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        self._proc.stdin.write(struct.pack("<Q", len(self._blob)) + self._blob)
+        self._proc.stdin.flush()
+        self._ready = False
+
+    def build(self, regex: str, timeout_s: float):
+        """Compile ``regex`` in the child; kill it and raise CompileTimeout past the limit."""
+        self.start()
+        fd = self._proc.stdout.fileno()
+        try:
+            if not self._ready:
+                _read(fd, time.monotonic() + _STARTUP_TIMEOUT_S)
+                self._ready = True
+            _write(self._proc.stdin, regex)
+            status, payload = _read(fd, time.monotonic() + timeout_s)
+        except TimeoutError:
+            was_ready = self._ready
+            self.kill()
+            if not was_ready:
+                raise GrammarError(
+                    f"the grammar compile worker did not start within {_STARTUP_TIMEOUT_S:g} s;"
+                    f" check that `{sys.executable} -c 'import outlines_core'` works"
+                ) from None
+            raise CompileTimeout(timeout_s, "grammar") from None
+        except (EOFError, BrokenPipeError, OSError):
+            self.kill()
+            raise GrammarError(
+                "the grammar compile worker died while compiling (out of memory?); "
+                "simplify the schema or retry"
+            ) from None
+        if status == "error":
+            raise GrammarError(
+                f"outlines-core could not build a token index for the regex: {payload}; "
+                f"check the regex/schema is valid and satisfiable with this vocabulary"
+            )
+        return payload
+
+    def kill(self) -> None:
+        """Stop the child now (used on timeout and on close)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+            self._proc.stdin.close()
+            self._proc.stdout.close()
+        self._proc, self._ready = None, False

@@ -1,0 +1,98 @@
+"""CompiledGrammar: an immutable token index for one regex over one vocabulary.
+
+Shared by every request using the same grammar.  Per-state allowed-token bitmasks are
+memoised here on first use (one int32 row of ceil(size/32) words per visited state),
+so a matcher's fill is one 6 KB copy instead of outlines-core's per-call walk over
+the allowed-token list (measured 54 us on a 49k vocabulary inside a JSON string).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import outlines_core
+import torch
+
+from grammars.vocabulary import TokenVocabulary
+
+NO_TOKEN = -1
+
+
+class CompiledGrammar:
+    """Index + regex + vocabulary; call ``matcher()`` for a per-request matcher."""
+
+    __slots__ = ("index", "regex", "vocabulary", "key", "width", "_masks", "_single", "_count")
+
+    def __init__(
+        self, index: outlines_core.Index, regex: str, vocabulary: TokenVocabulary, key: str
+    ) -> None:
+        self.index = index
+        self.regex = regex
+        self.vocabulary = vocabulary
+        self.key = key
+        self.width = (vocabulary.size + 31) // 32
+        self._masks: dict[int, torch.Tensor] = {}  # state -> int32 [width]
+        self._single: dict[int, int] = {}  # state -> the only allowed token (not final), or -1
+        self._count: dict[int, int] = {}  # state -> number of allowed non-EOS tokens
+
+    def __setattr__(self, name, value):
+        if name in CompiledGrammar.__slots__ and hasattr(self, name):
+            raise AttributeError(f"CompiledGrammar is immutable; {name} cannot be reassigned")
+        object.__setattr__(self, name, value)
+
+    def matcher(self, max_rollback: int = 4096):
+        """A fresh per-request matcher at the initial state."""
+        from grammars.matcher import Matcher
+
+        return Matcher(self, max_rollback=max_rollback)
+
+    @property
+    def initial_state(self) -> int:
+        return self.index.get_initial_state()
+
+    def is_final(self, state: int) -> bool:
+        return self.index.is_final_state(state)
+
+    def state_mask(self, guide: outlines_core.Guide) -> torch.Tensor:
+        """int32 [width] bitmask of the tokens allowed in ``guide``'s state (memoised)."""
+        mask = self._masks.get(guide.get_state())
+        if mask is None:
+            mask = self._build(guide)
+        return mask
+
+    def single_token(self, guide: outlines_core.Guide) -> int:
+        """The only allowed token in ``guide``'s state if exactly one (EOS counts), else -1."""
+        single = self._single.get(guide.get_state())
+        if single is None:
+            self._build(guide)
+            single = self._single[guide.get_state()]
+        return single
+
+    def allowed_count(self, guide: outlines_core.Guide) -> int:
+        """Number of tokens allowed in ``guide``'s state, EOS not counted."""
+        count = self._count.get(guide.get_state())
+        if count is None:
+            self._build(guide)
+            count = self._count[guide.get_state()]
+        return count
+
+    def _build(self, guide: outlines_core.Guide) -> torch.Tensor:
+        """Memoise the state's mask; outlines-core writes it (~50-80 us, once per state)."""
+        state, vocab = guide.get_state(), self.vocabulary
+        mask = torch.zeros(self.width, dtype=torch.int32)  # [width]
+        guide.write_mask_into(mask.data_ptr(), mask.numel(), mask.element_size())
+        words = mask.numpy().view(np.uint32)  # shares memory with mask
+        eos = vocab.eos_token_id
+        primary_eos_set = bool(words[eos >> 5] >> np.uint32(eos & 31) & np.uint32(1))
+        count = int(np.bitwise_count(words).sum()) - int(primary_eos_set)
+        final = self.index.is_final_state(state)
+        if final:
+            for eos_id in vocab.eos_token_ids:
+                words[eos_id >> 5] |= np.uint32(1 << (eos_id & 31))
+        single = NO_TOKEN
+        if count == 1 and not final:
+            word = int(np.flatnonzero(words)[0])
+            single = word * 32 + (int(words[word]).bit_length() - 1)
+        self._count[state] = count
+        self._single[state] = single
+        self._masks[state] = mask
+        return mask

@@ -1,0 +1,179 @@
+"""GrammarCompiler: regex / JSON schema -> CompiledGrammar, cached in memory and on disk.
+
+Cache key: sha256 of the regex and the vocabulary fingerprint.  The memory cache is an
+LRU of CompiledGrammar objects (a hit is a dict lookup, ~1 us); the disk cache holds
+the pickled outlines-core Index (``<cache_dir>/<key>.index``; ~1 ms per MB to load).
+Misses are compiled in CompileWorker child processes with a time limit (see there
+for why a process and not a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import pickle
+import queue
+import threading
+from collections import OrderedDict
+from typing import Iterable
+
+from grammars.compile_worker import CompileWorker
+from grammars.compiled_grammar import CompiledGrammar
+from grammars.errors import GrammarError
+from grammars.json_schema import json_object_regex, schema_to_regex
+from grammars.vocabulary import TokenVocabulary
+
+
+class GrammarCompiler:
+    """Compiles and caches grammars for one vocabulary; safe to call from many threads."""
+
+    def __init__(
+        self,
+        vocabulary: TokenVocabulary,
+        cache_dir: str | None = None,
+        timeout_s: float = 10.0,
+        lru_size: int = 256,
+        workers: int = 1,
+        ignore_keywords: Iterable[str] = (),
+        json_object_depth: int = 3,
+    ) -> None:
+        if timeout_s <= 0:
+            raise GrammarError(f"timeout_s must be positive, got {timeout_s}")
+        self.vocabulary = vocabulary
+        self.cache_dir = cache_dir
+        self.timeout_s = timeout_s
+        self.lru_size = lru_size
+        self.ignore_keywords = tuple(ignore_keywords)
+        self.json_object_depth = json_object_depth
+        self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._schema_regex: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, threading.Lock] = {}
+        blob = pickle.dumps(vocabulary.outlines)
+        self._idle: queue.Queue[CompileWorker] = queue.Queue()
+        self._workers = [CompileWorker(blob) for _ in range(max(1, workers))]
+        for w in self._workers:
+            w.start()  # start now so the first compile does not pay the process start
+            self._idle.put(w)
+        if cache_dir:
+            os.makedirs(cache_dir, exist_ok=True)
+        self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "timeouts": 0}
+
+    # -- public API ---------------------------------------------------------------------
+
+    def compile_regex(self, regex: str) -> CompiledGrammar:
+        """CompiledGrammar for ``regex`` (cached); raises CompileTimeout past the limit."""
+        key = hashlib.sha256(f"{self.vocabulary.fingerprint}\0{regex}".encode()).hexdigest()
+        hit = self._memory_get(key)
+        if hit is not None:
+            return hit
+        with self._key_lock(key):  # one compile per key even under concurrent requests
+            hit = self._memory_get(key)
+            if hit is not None:
+                return hit
+            index = self._disk_get(key)
+            if index is None:
+                index = self._build(regex)
+                self._disk_put(key, index)
+            else:
+                self.stats["disk_hits"] += 1
+            grammar = CompiledGrammar(index, regex, self.vocabulary, key)
+            self._memory_put(key, grammar)
+            return grammar
+
+    def compile_json_schema(self, schema: dict | str) -> CompiledGrammar:
+        """CompiledGrammar for a JSON schema (compact whitespace, see json_schema.py)."""
+        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        with self._lock:
+            regex = self._schema_regex.get(text)
+            if regex is not None:
+                self._schema_regex.move_to_end(text)
+        if regex is None:
+            regex = schema_to_regex(schema, ignore_keywords=self.ignore_keywords)
+            with self._lock:
+                self._schema_regex[text] = regex
+                while len(self._schema_regex) > self.lru_size:
+                    self._schema_regex.popitem(last=False)
+        return self.compile_regex(regex)
+
+    def compile_json_object(self) -> CompiledGrammar:
+        """Any JSON object (OpenAI ``response_format={"type": "json_object"}``)."""
+        return self.compile_regex(json_object_regex(self.json_object_depth))
+
+    async def compile_regex_async(self, regex: str) -> CompiledGrammar:
+        return await asyncio.to_thread(self.compile_regex, regex)
+
+    async def compile_json_schema_async(self, schema: dict | str) -> CompiledGrammar:
+        return await asyncio.to_thread(self.compile_json_schema, schema)
+
+    async def compile_json_object_async(self) -> CompiledGrammar:
+        return await asyncio.to_thread(self.compile_json_object)
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        for w in self._workers:
+            w.kill()
+
+    def __enter__(self) -> "GrammarCompiler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _build(self, regex: str):
+        worker = self._idle.get()
+        try:
+            self.stats["compiles"] += 1
+            return worker.build(regex, self.timeout_s)
+        except GrammarError as e:
+            if type(e).__name__ == "CompileTimeout":
+                self.stats["timeouts"] += 1
+            raise
+        finally:
+            worker.start()  # respawn at once if the compile killed it
+            self._idle.put(worker)
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._inflight.setdefault(key, threading.Lock())
+
+    def _memory_get(self, key: str) -> CompiledGrammar | None:
+        with self._lock:
+            grammar = self._lru.get(key)
+            if grammar is not None:
+                self._lru.move_to_end(key)
+                self.stats["memory_hits"] += 1
+            return grammar
+
+    def _memory_put(self, key: str, grammar: CompiledGrammar) -> None:
+        with self._lock:
+            self._lru[key] = grammar
+            while len(self._lru) > self.lru_size:
+                self._lru.popitem(last=False)
+            self._inflight.pop(key, None)
+
+    def _disk_path(self, key: str) -> str | None:
+        return os.path.join(self.cache_dir, f"{key}.index") if self.cache_dir else None
+
+    def _disk_get(self, key: str):
+        path = self._disk_path(key)
+        if path is None or not os.path.exists(path):
+            return None
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except Exception:  # noqa: BLE001 - a corrupt cache entry is recompiled
+            return None
+
+    def _disk_put(self, key: str, index) -> None:
+        path = self._disk_path(key)
+        if path is None:
+            return
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(index, f)
+        os.replace(tmp, path)

@@ -1,0 +1,149 @@
+"""JSON schema -> regex, refusing keywords the regex would silently not enforce.
+
+``outlines_core`` turns a schema into a regex but ignores some validation keywords
+(``minimum``, ``uniqueItems``, ``not``, ...): the output would then match the regex and
+still be invalid against the schema.  ``schema_to_regex`` walks the schema first and
+raises ``UnsupportedSchemaError`` naming the keyword and its JSON path.  Pass
+``ignore_keywords`` to accept such schemas knowingly (the keyword is then not enforced).
+
+Whitespace is compact by default (``""``: no whitespace between JSON tokens), so the
+regex has one canonical form per value and no unbounded whitespace runs to loop in.
+Properties come in the order the schema lists them; additional properties are only
+generated when ``additionalProperties`` is a schema (outlines-core's behaviour).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from outlines_core.json_schema import (
+    BOOLEAN,
+    NULL,
+    NUMBER,
+    STRING,
+    build_regex_from_schema,
+)
+
+from grammars.errors import GrammarError, UnsupportedSchemaError
+
+COMPACT_WHITESPACE = ""
+
+# Keyword -> why it is refused (each verified to be ignored by outlines-core 0.2.14).
+UNSUPPORTED_KEYWORDS: dict[str, str] = {
+    "not": "negation is not expressible as a regex here",
+    "if": "conditional schemas are ignored by the regex compiler",
+    "then": "conditional schemas are ignored by the regex compiler",
+    "else": "conditional schemas are ignored by the regex compiler",
+    "dependentRequired": "property dependencies are ignored",
+    "dependentSchemas": "property dependencies are ignored",
+    "dependencies": "property dependencies are ignored",
+    "patternProperties": "ignored: any property name would be allowed",
+    "propertyNames": "ignored: any property name would be allowed",
+    "minProperties": "property counts are ignored",
+    "maxProperties": "property counts are ignored",
+    "uniqueItems": "uniqueness is not expressible as a regex",
+    "contains": "ignored: arrays would not be required to contain a match",
+    "minContains": "ignored together with contains",
+    "maxContains": "ignored together with contains",
+    "multipleOf": "divisibility is ignored",
+    "minimum": "numeric bounds are ignored",
+    "maximum": "numeric bounds are ignored",
+    "exclusiveMinimum": "numeric bounds are ignored",
+    "exclusiveMaximum": "numeric bounds are ignored",
+    "$dynamicRef": "dynamic references are not resolved",
+    "$recursiveRef": "recursive references are not resolved",
+}
+
+# Keywords whose value is a sub-schema / map of sub-schemas / list of sub-schemas.
+_SUBSCHEMA = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+# Values that are data, never schemas: do not walk into them.
+_DATA = ("enum", "const", "default", "examples", "example")
+
+
+def _check(node: Any, path: str, allowed: frozenset[str]) -> None:
+    """Raise UnsupportedSchemaError for the first refused keyword under ``node``."""
+    if not isinstance(node, dict):
+        if isinstance(node, list):  # e.g. draft-4 tuple "items": [...]
+            for i, sub in enumerate(node):
+                _check(sub, f"{path}/{i}", allowed)
+        return
+    for key, value in node.items():
+        if key in _DATA:
+            continue
+        if key in UNSUPPORTED_KEYWORDS and key not in allowed:
+            raise UnsupportedSchemaError(key, f"{path}/{key}", UNSUPPORTED_KEYWORDS[key])
+        if key in ("unevaluatedProperties", "unevaluatedItems") and value not in (True, False):
+            if key not in allowed:
+                raise UnsupportedSchemaError(key, f"{path}/{key}", "only true/false is enforced")
+        if key in _SUBSCHEMA:
+            _check(value, f"{path}/{key}", allowed)
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                _check(sub, f"{path}/{key}/{name}", allowed)
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                _check(sub, f"{path}/{key}/{i}", allowed)
+
+
+def check_schema(schema: dict, ignore_keywords: Iterable[str] = ()) -> None:
+    """Raise UnsupportedSchemaError if ``schema`` uses a keyword the regex cannot enforce."""
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError(
+            f"a JSON schema must be an object (or true/false), got {type(schema).__name__}; "
+            f"send the schema as a JSON object"
+        )
+    _check(schema, "", frozenset(ignore_keywords))
+
+
+def schema_to_regex(
+    schema: dict | str,
+    whitespace: str | None = None,
+    ignore_keywords: Iterable[str] = (),
+) -> str:
+    """Regex matching exactly the JSON texts the schema allows (compact by default).
+
+    ``whitespace`` is a regex for the whitespace allowed between JSON tokens
+    (default ``""``: none).  Raises ``UnsupportedSchemaError`` for keywords the regex
+    would not enforce, and ``GrammarError`` for schemas outlines-core cannot read.
+    """
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"the JSON schema is not valid JSON ({e}); fix its syntax") from None
+    check_schema(schema, ignore_keywords)
+    ws = COMPACT_WHITESPACE if whitespace is None else whitespace
+    try:
+        return build_regex_from_schema(json.dumps(schema), ws)
+    except ValueError as e:
+        msg = str(e).split("\n")[0]
+        if msg.startswith("Format ") and "not supported" in msg:
+            raise UnsupportedSchemaError("format", "", msg) from None
+        raise GrammarError(
+            f"the JSON schema cannot be compiled to a grammar: {msg}; use the keywords "
+            f"listed in maskd's documentation (type, properties, required, items, enum, "
+            f"const, anyOf/oneOf/allOf, local $ref, pattern, format, lengths)"
+        ) from None
+
+
+def json_value_regex(depth: int = 3) -> str:
+    """Regex for any compact JSON value nesting objects/arrays at most ``depth`` deep."""
+    scalar = rf"({STRING}|{NUMBER}|{BOOLEAN}|{NULL})"
+    value = scalar
+    for _ in range(depth):
+        obj = rf"\{{({STRING}:{value}(,{STRING}:{value})*)?\}}"
+        arr = rf"\[({value}(,{value})*)?\]"
+        value = rf"({scalar}|{obj}|{arr})"
+    return value
+
+
+def json_object_regex(depth: int = 3) -> str:
+    """Regex for OpenAI's ``response_format: {"type": "json_object"}``: any JSON object."""
+    value = json_value_regex(depth - 1)
+    return rf"\{{({STRING}:{value}(,{STRING}:{value})*)?\}}"
+
+
+JSON_OBJECT_REGEX = json_object_regex()

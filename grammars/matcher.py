@@ -1,0 +1,132 @@
+"""Matcher: the per-request cursor over a CompiledGrammar.
+
+``fill`` writes the allowed tokens of the current state into a bitmask row (a copy of
+the grammar's memoised per-state row: no allocation per token), ``advance`` consumes a
+sampled token, ``forced`` lists tokens that must come next, ``rollback`` undoes steps.
+The state lives in an ``outlines_core.Guide`` (advance + rollback ~0.2 us), which also
+writes a state's mask the first time any request of the grammar reaches it.
+
+``forced()`` is token-level: it follows the chain of states in which exactly one token
+is allowed.  (Character-level jump-forward over interegular's automaton is the design's
+next step; it finds forced text that spans many tokenizations.)
+"""
+
+from __future__ import annotations
+
+import outlines_core
+import torch
+
+from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
+from grammars.errors import GrammarError
+
+_FORCED_LIMIT = 256
+
+
+class Matcher:
+    """Per-request automaton state; cheap to create, not thread-safe."""
+
+    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback")
+
+    def __init__(self, grammar: CompiledGrammar, max_rollback: int = 4096) -> None:
+        self.grammar = grammar
+        # headroom so forced() can walk ahead and come back
+        self._guide = outlines_core.Guide(grammar.index, max_rollback=max_rollback + _FORCED_LIMIT)
+        self._eos = grammar.vocabulary.eos_token_ids
+        self._terminated = False
+        self._steps = 0  # tokens consumed (EOS included)
+        self._max_rollback = max_rollback
+
+    @property
+    def state(self) -> int:
+        return self._guide.get_state()
+
+    def fill(self, bitmask_row: torch.Tensor) -> None:
+        """Write allowed tokens into ``bitmask_row`` (int32 [ceil(size/32)]; bit i = token i)."""
+        if self._terminated:
+            bitmask_row.zero_()
+            return
+        bitmask_row.copy_(self.grammar.state_mask(self._guide))
+
+    def accepts(self, token_id: int) -> bool:
+        """Whether ``token_id`` may come next."""
+        if self._terminated:
+            return False
+        if token_id in self._eos:
+            return self.grammar.is_final(self._guide.get_state())
+        return self.grammar.index.get_next_state(self._guide.get_state(), token_id) is not None
+
+    def advance(self, token_id: int) -> None:
+        """Consume one token; raises GrammarError if the grammar does not allow it."""
+        if self._terminated:
+            raise GrammarError(
+                f"token {token_id} arrived after the constrained output ended with EOS; "
+                f"stop decoding this request when is_terminated() is true"
+            )
+        if token_id in self._eos:
+            if not self.grammar.is_final(self._guide.get_state()):
+                raise GrammarError(
+                    f"EOS token {token_id} is not allowed: the output is incomplete under the "
+                    f"grammar; apply the bitmask before sampling"
+                )
+            self._terminated = True  # the guide stays put: EOS does not change the state
+            self._steps += 1
+            return
+        try:
+            self._guide.advance(token_id, False)
+        except ValueError:
+            text = self.grammar.vocabulary.token_bytes.get(token_id, b"<special>")
+            raise GrammarError(
+                f"token {token_id} ({text!r}) is not allowed by the grammar in state "
+                f"{self._guide.get_state()}; apply the bitmask before sampling"
+            ) from None
+        self._steps += 1
+
+    def forced(self) -> list[int]:
+        """Tokens that must come next (the single-allowed-token chain; [] if none)."""
+        if self._terminated:
+            return []
+        out: list[int] = []
+        guide, single = self._guide, self.grammar.single_token
+        while len(out) < _FORCED_LIMIT:
+            token = single(guide)
+            if token == NO_TOKEN:
+                break
+            out.append(token)
+            guide.advance(token, False)
+        if out:
+            guide.rollback_state(len(out))
+        return out
+
+    def finished(self) -> bool:
+        """Whether the output so far is a complete match (EOS would be accepted)."""
+        return self._terminated or self.grammar.is_final(self._guide.get_state())
+
+    def is_terminated(self) -> bool:
+        """EOS consumed, or nothing but EOS can come next."""
+        return self._terminated or (
+            self.grammar.is_final(self._guide.get_state())
+            and self.grammar.allowed_count(self._guide) == 0
+        )
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` consumed tokens (EOS included)."""
+        limit = min(self._steps, self._max_rollback)
+        if n < 0 or n > limit:
+            raise GrammarError(
+                f"cannot roll back {n} tokens: only {limit} can be undone; raise "
+                f"max_rollback when creating the matcher (grammar.matcher(max_rollback=...))"
+            )
+        if n == 0:
+            return
+        self._steps -= n
+        if self._terminated:
+            self._terminated = False
+            n -= 1
+        if n:
+            self._guide.rollback_state(n)
+
+    def reset(self) -> None:
+        """Back to the initial state."""
+        self._guide.reset()
+        self._terminated = False
+        self._steps = 0
