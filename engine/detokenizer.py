@@ -8,15 +8,18 @@ _PROMPT_TAIL = 6  # prompt tokens decoded along with the first outputs, so leadi
 class Detokenizer:
     """Turns one request's tokens into text deltas; a delta never ends inside a UTF-8 character."""
 
-    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, prompt_ids: list[int], keep_special_ids: frozenset[int] = frozenset()):
+        """Special tokens are left out of the text, except keep_special_ids (e.g. tool-call delimiters)."""
         self._tokenizer = tokenizer
-        self._skip = skip_special_tokens
+        self._drop = frozenset(tokenizer.all_special_ids) - keep_special_ids if keep_special_ids else None
         self._ids = list(prompt_ids[-_PROMPT_TAIL:])
         self._prefix = 0  # start of the window decoded for context
         self._read = len(self._ids)  # end of what was already returned
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+        if self._drop is None:
+            return self._tokenizer.decode(ids, skip_special_tokens=True)
+        return self._tokenizer.decode([i for i in ids if i not in self._drop], skip_special_tokens=False)
 
     def add(self, token_id: int) -> str:
         self._ids.append(token_id)

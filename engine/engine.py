@@ -123,10 +123,15 @@ class Engine:
 
     def _append(self, seq: Sequence, token: int) -> None:
         """Appends the sampled token, then any tokens the constraint forces (jump-forward)."""
-        if self._append_one(seq, token) and seq.constraint is not None:
-            for forced in seq.constraint.forced():
-                if not self._append_one(seq, forced):
-                    break
+        if not self._append_one(seq, token):
+            return
+        while seq.constraint is not None:
+            forced = seq.constraint.forced()
+            if not forced:
+                return
+            for forced_token in forced:
+                if not self._append_one(seq, forced_token):
+                    return
 
     def _append_one(self, seq: Sequence, token: int) -> bool:
         """Appends one token and reports it; False once the request has finished."""

@@ -42,6 +42,7 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     constraint: Constraint | None = None
     emit: Callable[[Event], None] = lambda event: None
+    keep_special_ids: frozenset[int] = frozenset()  # special tokens that stay in the text
     request_id: int = field(default_factory=lambda: next(_ids))
 
 
@@ -53,7 +54,7 @@ class Sequence:
         self.params = request.params
         self.constraint = request.constraint
         self.generator = request.params.make_generator()
-        self.detokenizer = Detokenizer(tokenizer, request.prompt_ids)
+        self.detokenizer = Detokenizer(tokenizer, request.prompt_ids, request.keep_special_ids)
         self.stops = StopStrings(request.params.stop)
         self.stop_token_ids = frozenset() if request.params.ignore_eos else stop_token_ids
         self.stop_token_ids |= frozenset(request.params.stop_token_ids)

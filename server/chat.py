@@ -5,30 +5,44 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from engine.sampling import SamplingParams
+from grammars.tool_formats import Content
 from engine.sequence import Event, Request
 from server.errors import APIError, error_body
 from server.prompt import message_dicts, render_chat
 from server.protocol import (ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                              ChunkChoice, Delta, ResponseMessage, Usage)
 from server.state import ServerState
+from server.structured_output import build_format_constraint
+from server.tool_calls import ToolCallReader, build_tool_constraint, resolve_tool_choice, tool_format_of
 
 FINGERPRINT = "maskd-0.1"
 
 
-def build_request(state: ServerState, body: ChatCompletionRequest) -> Request:
+@dataclass
+class Prepared:
+    request: Request
+    reads_tools: bool  # whether the output is read for tool calls
+
+
+async def prepare(state: ServerState, body: ChatCompletionRequest) -> Prepared:
+    """Validates the request, renders the prompt and builds its constraint; raises APIError."""
     if body.model != state.model_name:
         raise APIError(f"model {body.model!r} is not served here; this server serves {state.model_name!r}",
                        status=404, param="model", code="model_not_found", type="not_found_error")
-    if body.tools and body.tool_choice != "none":
-        raise APIError("tool calling is not available yet; send tool_choice 'none' or no tools",
-                       param="tools", code="unsupported")
-    if body.response_format and body.response_format.type != "text":
-        raise APIError("response_format json_object/json_schema is not available yet",
-                       param="response_format", code="unsupported")
-    prompt_ids = render_chat(state.tokenizer, message_dicts(body.messages))
+    choice = resolve_tool_choice(body)
+    if choice.mode != "none" and body.response_format and body.response_format.type != "text":
+        raise APIError("response_format cannot be combined with tool calls; send tool_choice 'none' "
+                       "or drop response_format", param="response_format")
+    fmt = tool_format_of(state)
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+    template = state.tokenizer.chat_template or ""
+    messages, template_tools = fmt.prepare_messages(message_dicts(body.messages), tools, "tools" in template,
+                                                    chat_template=template)
+    prompt_ids = render_chat(state.tokenizer, messages, template_tools)
     room = state.context_length - len(prompt_ids)
     if room <= 0:
         raise APIError(f"the prompt is {len(prompt_ids)} tokens, the model's context is {state.context_length}; "
@@ -38,9 +52,15 @@ def build_request(state: ServerState, body: ChatCompletionRequest) -> Request:
         raise APIError(f"max_tokens {budget} + prompt {len(prompt_ids)} tokens exceed the context of "
                        f"{state.context_length}; ask for at most {room}", param="max_tokens",
                        code="context_length_exceeded")
+    keep: frozenset[int] = frozenset()
+    if choice.mode == "none":
+        constraint = await build_format_constraint(state, body)
+    else:
+        constraint, keep = await build_tool_constraint(state, body, choice)
     params = SamplingParams(max_tokens=budget or room, temperature=body.temperature, top_p=body.top_p,
                             top_k=body.top_k, seed=body.seed, stop=body.stop or [], ignore_eos=body.ignore_eos)
-    return Request(prompt_ids=prompt_ids, params=params)
+    request = Request(prompt_ids=prompt_ids, params=params, constraint=constraint, keep_special_ids=keep)
+    return Prepared(request, reads_tools=choice.mode != "none")
 
 
 def usage_of(event: Event) -> Usage:
@@ -49,29 +69,35 @@ def usage_of(event: Event) -> Usage:
                  prompt_tokens_details={"cached_tokens": event.cached_tokens})
 
 
-def _raise_engine_error(event: Event) -> None:
-    if event.finish_reason == "error":
-        raise APIError(f"generation failed: {event.error}", status=500, type="server_error")
+def finish_reason(event: Event, has_calls: bool) -> str:
+    return "tool_calls" if has_calls and event.finish_reason == "stop" else event.finish_reason
 
 
 async def complete(state: ServerState, body: ChatCompletionRequest) -> ChatCompletion:
-    request = build_request(state, body)
-    text, last = [], None
-    async for event in state.engine.generate(request):
-        text.append(event.text)
+    prepared = await prepare(state, body)
+    pieces, last = [], None
+    async for event in state.engine.generate(prepared.request):
+        pieces.append(event.text)
         last = event
-    _raise_engine_error(last)
+    if last.finish_reason == "error":
+        raise APIError(f"generation failed: {last.error}", status=500, type="server_error")
+    text, calls = "".join(pieces), None
+    if prepared.reads_tools:
+        reader = ToolCallReader(tool_format_of(state))
+        reader.feed(text, final=True)
+        text, calls = "".join(reader.content), reader.tool_calls() or None
+    message = ResponseMessage(content=text if text or not calls else None, tool_calls=calls)
     return ChatCompletion(
         id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name,
-        system_fingerprint=FINGERPRINT,
-        choices=[Choice(message=ResponseMessage(content="".join(text)), finish_reason=last.finish_reason)],
-        usage=usage_of(last))
+        system_fingerprint=FINGERPRINT, usage=usage_of(last),
+        choices=[Choice(message=message, finish_reason=finish_reason(last, bool(calls)))])
 
 
 async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterator[str]:
     """SSE `data:` payloads, the last one `[DONE]`. Validation happens before the first chunk."""
-    request = build_request(state, body)
+    prepared = await prepare(state, body)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    reader = ToolCallReader(tool_format_of(state)) if prepared.reads_tools else None
     head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name,
                 system_fingerprint=FINGERPRINT)
 
@@ -79,16 +105,28 @@ async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterat
         choice = ChunkChoice(delta=delta, finish_reason=finish)
         return ChatCompletionChunk(**head, choices=[choice]).model_dump_json(exclude_none=True)
 
+    def deltas(text: str, final: bool) -> list[Delta]:
+        if reader is None:
+            return [Delta(content=text)] if text else []
+        out = []
+        for event in reader.feed(text, final=final):
+            call = reader.delta(event)
+            if call is not None:
+                out.append(Delta(tool_calls=[call]))
+            elif isinstance(event, Content) and event.text:
+                out.append(Delta(content=event.text))
+        return out
+
     async def events() -> AsyncIterator[str]:
         yield chunk(Delta(role="assistant", content=""))
-        async for event in state.engine.generate(request):
+        async for event in state.engine.generate(prepared.request):
             if event.finish_reason == "error":
                 yield json.dumps(error_body(f"generation failed: {event.error}", "server_error"))
                 break
-            if event.text:
-                yield chunk(Delta(content=event.text))
+            for delta in deltas(event.text, final=event.finish_reason is not None):
+                yield chunk(delta)
             if event.finish_reason:
-                yield chunk(Delta(), event.finish_reason)
+                yield chunk(Delta(), finish_reason(event, bool(reader and reader.names)))
                 if include_usage:
                     yield ChatCompletionChunk(**head, choices=[], usage=usage_of(event)).model_dump_json()
         yield "[DONE]"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 
@@ -16,8 +17,11 @@ def _load(args):
 
     spec = load_registry(args.models).get(args.model)
     loaded = load_model(spec, device=args.device, allow_download=args.allow_download)
+    from engine.constraint_hook import ConstraintMasker
+
+    masker = ConstraintMasker(loaded.vocab_size, args.max_batch)
     engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids,
-                    loaded.context_length, max_batch=args.max_batch)
+                    loaded.context_length, max_batch=args.max_batch, logits_hooks=[masker])
     return loaded, engine
 
 
@@ -27,10 +31,15 @@ def cmd_serve(args) -> int:
     from server.app import create_app
     from server.state import ServerState
 
+    from grammars import GrammarCompiler, TokenVocabulary
+
     loaded, engine = _load(args)
+    vocabulary = TokenVocabulary.from_tokenizer(loaded.tokenizer, loaded.vocab_size,
+                                                extra_eos_token_ids=tuple(loaded.eos_token_ids))
+    compiler = GrammarCompiler(vocabulary, cache_dir=args.grammar_cache or None, timeout_s=args.grammar_timeout)
     state = ServerState(model_name=loaded.name, tokenizer=loaded.tokenizer,
                         context_length=loaded.context_length, tool_format=loaded.spec.tool_format,
-                        engine=engine)
+                        engine=engine, compiler=compiler, vocabulary=vocabulary)
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -87,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--grammar-timeout", type=float, default=10.0,
+                       help="seconds a schema may take to compile before the request fails with a 400")
+    serve.add_argument("--grammar-cache", default=os.path.join(os.path.expanduser("~"), ".cache", "maskd", "grammars"),
+                       help="directory of compiled grammars kept across restarts ('' to keep none)")
     serve.set_defaults(func=cmd_serve)
     models = sub.add_parser("models", help="list models.yaml and whether each model is on this machine")
     models.set_defaults(func=cmd_models)
