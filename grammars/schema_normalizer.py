@@ -1,4 +1,4 @@
-"""normalize_schema: rewrite a JSON schema so outlines-core's regex means what it says.
+r"""normalize_schema: rewrite a JSON schema so outlines-core's regex means what it says.
 
 Works around three outlines-core 0.2.14 behaviours found on MaskBench:
 
@@ -9,8 +9,10 @@ Works around three outlines-core 0.2.14 behaviours found on MaskBench:
   emit a raw ``"`` or control character (invalid JSON), a lone ``^``/``$`` anchor
   makes the regex unsatisfiable, and an unanchored pattern (a *search* in JSON schema)
   is treated as a full match.  We rewrite patterns into anchored, JSON-safe form.
-* ``format: date-time`` accepts a time without offset; RFC 3339 requires one, so we
-  replace the format by an equivalent pattern.
+* ``format`` regexes: ``date`` uses ``\d`` (any Unicode digit in Rust regex),
+  ``date-time``/``time`` accept a time without the offset RFC 3339 requires, ``uri``
+  and ``email`` can emit a raw ``"``.  We replace these formats by ASCII, JSON-safe
+  patterns (FORMAT_PATTERNS); ``\d``/``\w`` in user patterns become ASCII classes.
 * ``pattern`` together with ``minLength``/``maxLength`` silently drops the pattern.
   We fold the lengths into a ``^C+$``/``^C*$`` pattern, and refuse other combinations.
 """
@@ -28,10 +30,23 @@ _ANNOTATIONS = {"title", "description", "examples", "example", "default", "$comm
 _JSON_CHAR = r'[^"\\\x00-\x1F\x7F-\x9F]'  # one unescaped JSON string character
 _STRING_CHAR = rf'(?:{_JSON_CHAR}|\\["\\/bfnrt])'
 _CLASS_EXCLUDE = r'"\\\x00-\x1F\x7F-\x9F'
-_SHORTHAND = {"s": " ", "S": rf"[^{_CLASS_EXCLUDE} ]", "D": rf"[^{_CLASS_EXCLUDE}0-9]",
+_CLASS_SHORTHAND = {"d": "0-9", "w": "a-zA-Z0-9_"}
+_SHORTHAND = {"d": "[0-9]", "w": "[a-zA-Z0-9_]", "s": " ", "S": rf"[^{_CLASS_EXCLUDE} ]", "D": rf"[^{_CLASS_EXCLUDE}0-9]",
               "W": rf"[^{_CLASS_EXCLUDE}a-zA-Z0-9_]"}
-_DATE_TIME = (r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):"
-              r"[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")
+_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_ATOM = r"[a-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LABEL = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
+_URI_EXCLUDE = r'"\\\x00-\x20\x7F-\x9F'
+FORMAT_PATTERNS = {
+    "date": f"^{_DATE}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^{_DATE}T{_TIME}$",
+    "email": rf"^{_ATOM}(\.{_ATOM})*@({_LABEL}\.)+{_LABEL}$",
+    "uri": (rf"^((https?|ftp)://([a-zA-Z0-9.-]+\.[a-zA-Z]{{2,}}|localhost)(:[0-9]+)?"
+            rf"(/[^{_URI_EXCLUDE}?#]*)?(\?[^{_URI_EXCLUDE}#]*)?(#[^{_URI_EXCLUDE}]*)?"
+            rf"|urn:[a-zA-Z0-9][a-zA-Z0-9-]{{0,31}}:[^{_URI_EXCLUDE}]+)$"),
+}
 _SINGLE_ATOM = re.compile(r"^\^?(\[(?:[^\]\\]|\\.)+\]|\\[dw]|[A-Za-z0-9])([+*])\$?$")
 
 
@@ -44,6 +59,8 @@ def _json_safe(pattern: str) -> str:
             nxt = pattern[i + 1]
             if nxt in _SHORTHAND and not in_class:
                 out.append(_SHORTHAND[nxt])
+            elif nxt in _CLASS_SHORTHAND and in_class:
+                out.append(_CLASS_SHORTHAND[nxt])
             else:
                 out.append(c + nxt)
             i += 2
@@ -117,9 +134,9 @@ def normalize_schema(node: Any, path: str = "") -> Any:
             out[key] = normalize_schema(value, sub)
         else:
             out[key] = value
-    if out.get("format") == "date-time" and "pattern" not in out:
-        del out["format"]
-        out["pattern"] = _DATE_TIME
+    if out.get("format") in FORMAT_PATTERNS and "pattern" not in out:
+        out["pattern"] = FORMAT_PATTERNS[out.pop("format")]
+        return out  # already anchored and JSON-safe
     if isinstance(out.get("pattern"), str):
         out = _string_node(out, path)
     return out
