@@ -26,6 +26,7 @@ from outlines_core.json_schema import (
 )
 
 from grammars.errors import GrammarError, UnsupportedSchemaError
+from grammars.schema_normalizer import normalize_schema
 
 COMPACT_WHITESPACE = ""
 
@@ -116,8 +117,9 @@ def schema_to_regex(
             raise GrammarError(f"the JSON schema is not valid JSON ({e}); fix its syntax") from None
     check_schema(schema, ignore_keywords)
     ws = COMPACT_WHITESPACE if whitespace is None else whitespace
+    normalized = normalize_schema(schema)
     try:
-        return build_regex_from_schema(json.dumps(schema), ws)
+        return build_regex_from_schema(json.dumps(normalized), ws)
     except ValueError as e:
         msg = str(e).split("\n")[0]
         if msg.startswith("Format ") and "not supported" in msg:

@@ -1,0 +1,59 @@
+"""GrammarCompiler: memory and disk cache hits are fast; a runaway compile times out."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from grammar_fixtures import smollm2_vocabulary
+from grammars import CompileTimeout, GrammarCompiler, GrammarError
+
+SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
+          "required": ["q"]}
+PATHOLOGICAL = r"(a|b)*a(a|b){16}"  # a DFA of ~2^16 states: tens of seconds to index
+
+
+def test_memory_and_disk_cache(tmp_path):
+    vocab = smollm2_vocabulary()
+    with GrammarCompiler(vocab, cache_dir=str(tmp_path)) as compiler:
+        first = compiler.compile_json_schema(SCHEMA)
+        start = time.perf_counter()
+        again = compiler.compile_json_schema(SCHEMA)
+        memory_s = time.perf_counter() - start
+        assert again is first and memory_s < 0.05
+        assert compiler.stats["compiles"] == 1
+        assert len(os.listdir(tmp_path)) == 1
+    with GrammarCompiler(vocab, cache_dir=str(tmp_path)) as fresh:
+        start = time.perf_counter()
+        loaded = fresh.compile_json_schema(SCHEMA)
+        disk_s = time.perf_counter() - start
+        assert fresh.stats == {"memory_hits": 0, "disk_hits": 1, "compiles": 0, "timeouts": 0}
+        assert disk_s < 0.05
+        assert loaded.key == first.key and loaded.index.get_transitions() == first.index.get_transitions()
+
+
+def test_timeout_does_not_block_caller():
+    with GrammarCompiler(smollm2_vocabulary(), timeout_s=0.05) as compiler:
+        compiler.compile_regex("[0-9]")  # worker is up; the limit applies to the compile
+        start = time.perf_counter()
+        with pytest.raises(CompileTimeout, match="0.05 s limit") as info:
+            compiler.compile_regex(PATHOLOGICAL)
+        elapsed = time.perf_counter() - start
+        assert elapsed < 1.0, elapsed
+        assert "timeout_s" in str(info.value)
+        assert compiler.compile_regex("[0-9]+").regex == "[0-9]+"  # a fresh worker serves on
+
+
+def test_async_variant():
+    with GrammarCompiler(smollm2_vocabulary()) as compiler:
+        grammar = asyncio.run(compiler.compile_json_schema_async(SCHEMA))
+        assert grammar.matcher().finished() is False
+
+
+def test_invalid_regex_is_a_grammar_error():
+    with GrammarCompiler(smollm2_vocabulary()) as compiler:
+        with pytest.raises(GrammarError, match="could not build"):
+            compiler.compile_regex("(unclosed")
