@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sse_starlette.sse import EventSourceResponse
 
-from server import chat
+from server import chat, completions
+from server.completions import CompletionRequest
 from server.errors import install_error_handlers
 from server.protocol import ChatCompletionRequest
 from server.state import ServerState
@@ -42,6 +43,12 @@ def create_app(state: ServerState) -> FastAPI:
             return await chat.complete(state, body)
         payloads = await chat.stream(state, body)
         return EventSourceResponse(_as_sse(payloads), ping=15)
+
+    @app.post("/v1/completions")
+    async def text_completions(body: CompletionRequest):
+        if not body.stream:
+            return await completions.complete_text(state, body)
+        return EventSourceResponse(_as_sse(await completions.stream_text(state, body)), ping=15)
 
     return app
 

@@ -102,3 +102,18 @@ def test_client_disconnect_mid_stream_leaves_server_serving(server_url, client):
                 break  # leave after the first chunk
     ok = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, temperature=0)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_text_completions_plain_streamed_and_token_ids(client, smollm_tokenizer):
+    prompt = "The capital of France is"
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    assert whole.choices[0].text and whole.usage.completion_tokens <= 8
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert streamed == whole.choices[0].text
+    ids = smollm_tokenizer.encode(prompt)
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == whole.choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=[10 ** 9], max_tokens=2)
+    assert err.value.body["param"] == "prompt"

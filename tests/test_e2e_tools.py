@@ -181,3 +181,15 @@ def test_langchain_bind_tools(server_url):
     assert message.tool_calls and message.tool_calls[0]["name"] == "add"
     assert set(message.tool_calls[0]["args"]) == {"a", "b"}
     assert all(isinstance(v, int) for v in message.tool_calls[0]["args"].values())
+
+
+def test_react_agent_example_runs_to_an_answer(server_url, capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "react_agent.py"
+    spec = importlib.util.spec_from_file_location("react_agent", path)
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    answer = agent.run("What is the weather in Paris?", f"{server_url}/v1", MODEL, max_steps=2)
+    assert "step 0:" in capsys.readouterr().out  # at least one real tool call ran
+    assert isinstance(answer, str)

@@ -1,0 +1,121 @@
+"""POST /v1/completions: a raw prompt (text or token ids) continued, plain or streamed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import AsyncIterator
+
+from pydantic import BaseModel, Field, field_validator
+
+from engine.sampling import SamplingParams
+from engine.sequence import Request
+from server.errors import APIError
+from server.protocol import StreamOptions, Usage, _Open
+from server.state import ServerState
+
+
+class CompletionRequest(_Open):
+    model: str
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int = Field(default=16, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    n: int = Field(default=1, ge=1, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = False
+    ignore_eos: bool = False
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value):
+        if value:
+            raise ValueError("echo is not supported by maskd; omit it or send false")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            if len(value) != 1:
+                raise ValueError("send one prompt per request (a string or a list of token ids)")
+            value = value[0]
+        if isinstance(value, list) and not value:
+            raise ValueError("the prompt is empty")
+        return value
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+def _request(state: ServerState, body: CompletionRequest) -> Request:
+    if body.model != state.model_name:
+        raise APIError(f"model {body.model!r} is not served here; this server serves {state.model_name!r}",
+                       status=404, param="model", code="model_not_found", type="not_found_error")
+    if isinstance(body.prompt, str):
+        ids = state.tokenizer.encode(body.prompt, add_special_tokens=True)
+    else:
+        ids = list(body.prompt)
+        if any(t < 0 or t >= state.vocabulary.size for t in ids):
+            raise APIError(f"prompt token ids must lie in [0, {state.vocabulary.size})", param="prompt")
+    room = state.context_length - len(ids)
+    if body.max_tokens > room:
+        raise APIError(f"max_tokens {body.max_tokens} + prompt {len(ids)} tokens exceed the context of "
+                       f"{state.context_length}; ask for at most {max(room, 0)}", param="max_tokens",
+                       code="context_length_exceeded")
+    stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+    params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
+                            top_k=body.top_k, seed=body.seed, stop=stop, ignore_eos=body.ignore_eos)
+    return Request(prompt_ids=ids, params=params)
+
+
+def _usage(event) -> Usage:
+    return Usage(prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
+                 total_tokens=event.prompt_tokens + event.completion_tokens,
+                 prompt_tokens_details={"cached_tokens": event.cached_tokens})
+
+
+async def complete_text(state: ServerState, body: CompletionRequest) -> Completion:
+    request = _request(state, body)
+    pieces, last = [], None
+    async for last in state.engine.generate(request):
+        pieces.append(last.text)
+    if last.finish_reason == "error":
+        raise APIError(f"generation failed: {last.error}", status=500, type="server_error")
+    return Completion(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name,
+                      choices=[CompletionChoice(text="".join(pieces), finish_reason=last.finish_reason)],
+                      usage=_usage(last))
+
+
+async def stream_text(state: ServerState, body: CompletionRequest) -> AsyncIterator[str]:
+    request = _request(state, body)
+    head = dict(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def events() -> AsyncIterator[str]:
+        async for event in state.engine.generate(request):
+            if event.text or event.finish_reason:
+                choice = CompletionChoice(text=event.text, finish_reason=event.finish_reason)
+                yield Completion(**head, choices=[choice]).model_dump_json(exclude_none=True)
+            if event.finish_reason and include_usage:
+                yield Completion(**head, choices=[], usage=_usage(event)).model_dump_json()
+        yield "[DONE]"
+
+    return events()
