@@ -78,9 +78,9 @@ def test_streamed_calls_equal_non_streamed_for_same_seed(client):
     assert content == ""
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_auto_calls_are_valid_whenever_present(client, seed):
-    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=100,
+    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=60,
                   temperature=1.0, seed=seed, parallel_tool_calls=False)
     reply = client.chat.completions.create(**kwargs)
     message = reply.choices[0].message

@@ -1,0 +1,160 @@
+"""Tool-call validity over MaskBench's BFCL function schemas, with the embedded model.
+
+    python benchmarks/tool_bench.py [--limit N] [--max-tokens 200]
+
+Each BFCL schema is {"<function name>": <parameters>}: it is sent as one tool through maskd's chat
+path (the same code the HTTP routes run: prompt rendering, grammar, engine, parsing), once with
+tool_choice "required" non-streamed and streamed, once with "auto". A response counts as valid when
+it has tool calls, each to a known tool, whose arguments parse and validate (jsonschema). Schemas
+the server refuses (400: a keyword it cannot enforce, a compile timeout) are counted apart.
+Prints a table, writes benchmarks/results/tool_bench.json and tool_bench.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import time
+from pathlib import Path
+
+import jsonschema
+
+from engine.constraint_hook import ConstraintMasker
+from engine.engine import Engine
+from engine.model_loader import load_model
+from engine.registry import load_registry
+from grammars import GrammarCompiler, TokenVocabulary
+from server import chat
+from server.errors import APIError
+from server.protocol import ChatCompletionRequest
+from server.state import ServerState
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench" / "BFCL.jsonl.gz"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load_state() -> ServerState:
+    loaded = load_model(load_registry().get(None))
+    vocabulary = TokenVocabulary.from_tokenizer(loaded.tokenizer, loaded.vocab_size,
+                                                extra_eos_token_ids=tuple(loaded.eos_token_ids))
+    engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
+                    logits_hooks=[ConstraintMasker(loaded.vocab_size, 8)])
+    engine.start()
+    return ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
+                       GrammarCompiler(vocabulary, timeout_s=10.0), vocabulary)
+
+
+def check(calls: list[tuple[str, str]], name: str, schema: dict) -> str:
+    """'valid', or what was wrong."""
+    if not calls:
+        return "no_call"
+    for called, arguments in calls:
+        if called != name:
+            return "unknown_tool"
+        try:
+            jsonschema.validate(json.loads(arguments), schema)
+        except (ValueError, jsonschema.ValidationError):
+            return "invalid_arguments"
+    return "valid"
+
+
+async def run_one(state: ServerState, name: str, schema: dict, mode: str, stream: bool, max_tokens: int, seed: int):
+    body = ChatCompletionRequest(
+        model=state.model_name, max_tokens=max_tokens, temperature=0.0 if mode == "required" else 0.7, seed=seed,
+        messages=[{"role": "user", "content": f"Call {name} with sensible arguments."}],
+        tools=[{"type": "function", "function": {"name": name, "parameters": schema}}], tool_choice=mode,
+        parallel_tool_calls=False, stream=stream)
+    if not stream:
+        reply = await chat.complete(state, body)
+        message = reply.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        return calls, reply.choices[0].finish_reason
+    calls: dict[int, list[str]] = {}
+    finish = None
+    async for payload in await chat.stream(state, body):
+        if payload == "[DONE]":
+            break
+        data = json.loads(payload)
+        for choice in data.get("choices", []):
+            for delta in choice["delta"].get("tool_calls") or []:
+                entry = calls.setdefault(delta["index"], ["", ""])
+                entry[0] += delta["function"].get("name") or ""
+                entry[1] += delta["function"].get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    return [tuple(calls[i]) for i in sorted(calls)], finish
+
+
+async def bench(state: ServerState, rows: list[dict], max_tokens: int) -> dict:
+    outcome = {"refused": {}, "required": {}, "required_stream": {}, "auto": {}, "stream_equal": 0,
+               "length_cut": 0, "seconds": []}
+    for i, row in enumerate(rows):
+        (name, params), = row["schema"]["properties"].items()
+        started = time.perf_counter()
+        try:
+            whole, finish = await run_one(state, name, params, "required", False, max_tokens, i)
+        except APIError as exc:
+            key = exc.code or "error"
+            outcome["refused"][key] = outcome["refused"].get(key, 0) + 1
+            print(f"{i:4} {name[:40]:40} refused: {exc.message[:80]}")
+            continue
+        streamed, _ = await run_one(state, name, params, "required", True, max_tokens, i)
+        auto, _ = await run_one(state, name, params, "auto", False, max_tokens, i)
+        outcome["length_cut"] += finish == "length"
+        outcome["stream_equal"] += whole == streamed
+        for key, calls in (("required", whole), ("required_stream", streamed), ("auto", auto)):
+            verdict = check(calls, name, params)
+            outcome[key][verdict] = outcome[key].get(verdict, 0) + 1
+        outcome["seconds"].append(time.perf_counter() - started)
+        print(f"{i:4} {name[:40]:40} required={check(whole, name, params)} stream={check(streamed, name, params)} "
+              f"auto={check(auto, name, params)} {outcome['seconds'][-1]:.1f}s")
+    return outcome
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--limit", type=int, default=None, help="first N schemas (default: all 1,043)")
+    parser.add_argument("--stride", type=int, default=1, help="take every k-th schema (a spread sample)")
+    parser.add_argument("--max-tokens", type=int, default=200)
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in gzip.open(DATA, "rt")][::args.stride][:args.limit]
+    state = load_state()
+    outcome = asyncio.run(bench(state, rows, args.max_tokens))
+    state.engine.shutdown()
+    state.compiler.close()
+
+    served = len(outcome["seconds"])
+    print(f"\n{len(rows)} BFCL schemas; served {served}, refused {sum(outcome['refused'].values())} "
+          f"{outcome['refused']}")
+    print(f"{'mode':18} {'valid':>7} {'share':>7}  outcomes")
+    for key in ("required", "required_stream", "auto"):
+        counts = outcome[key]
+        valid = counts.get("valid", 0)
+        called = served - counts.get("no_call", 0)
+        share = valid / (called if key == "auto" else served) if served else 0.0
+        print(f"{key:18} {valid:7} {share:7.1%}  {counts}")
+    print(f"streamed calls equal to non-streamed: {outcome['stream_equal']}/{served}; "
+          f"cut by max_tokens: {outcome['length_cut']}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "tool_bench.json").write_text(json.dumps({"schemas": len(rows), **outcome}, indent=2))
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    keys = ("required", "required_stream", "auto")
+    verdicts = sorted({v for k in keys for v in outcome[k]})
+    bottom = [0] * len(keys)
+    for verdict in verdicts:
+        values = [outcome[k].get(verdict, 0) for k in keys]
+        ax.bar(keys, values, bottom=bottom, label=verdict)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("responses")
+    ax.set_title(f"BFCL tools through maskd ({served} schemas served)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "tool_bench.png", dpi=100)
+
+
+if __name__ == "__main__":
+    main()
