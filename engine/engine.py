@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -49,6 +50,10 @@ class Engine:
 
     # ---- called from any thread -------------------------------------------------------------
     def start(self) -> None:
+        # Every torch op releases and retakes the GIL; while the event loop runs Python (requests,
+        # chunks), each retake can wait a whole switch interval (5 ms by default), which turned a
+        # 0.1 s decode step into seconds under load. A short interval bounds that wait.
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self._thread = threading.Thread(target=self._loop, name="maskd-engine", daemon=True)
         self._thread.start()
 
@@ -66,13 +71,17 @@ class Engine:
     def _waiting(self):
         return self.scheduler.waiting
 
+    def check_room(self) -> None:
+        """Raises QueueFull when max_waiting requests already wait for admission: the server calls it
+        before rendering a prompt, so that turning a request away costs next to nothing."""
+        if self._inbox.qsize() + len(self.scheduler.waiting) >= self.max_waiting:
+            self.metrics.rejected.inc()
+            raise QueueFull(f"{self.max_waiting} requests are already waiting; retry later or raise --max-waiting")
+
     def submit(self, request: Request) -> None:
         """Queues request; raises QueueFull when max_waiting requests already wait for admission."""
         with self._submit_lock:
-            if self._inbox.qsize() + len(self.scheduler.waiting) >= self.max_waiting:
-                self.metrics.rejected.inc()
-                raise QueueFull(f"{self.max_waiting} requests are already waiting; retry later or raise "
-                                "--max-waiting")
+            self.check_room()
             request.submitted_at = time.perf_counter()
             self._inbox.put(request)
         self._wake.set()

@@ -59,6 +59,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
+        state.engine.check_room()  # a full queue answers 429 before any prompt is rendered
         if not body.stream:
             return await chat.complete(state, body)
         payloads = await chat.stream(state, body)
