@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
-from collections import deque
+import time
+from concurrent.futures import Future
 from typing import AsyncIterator, Callable
 
 import torch
 
+from engine.metrics import EngineMetrics
 from engine.model_runner import ModelRunner
+from engine.radix_cache import RadixCache
 from engine.sampling import sample
+from engine.scheduler import QueueFull, Scheduler
 from engine.sequence import Event, Request, Sequence
 
 log = logging.getLogger("maskd.engine")
@@ -23,16 +28,21 @@ LogitsHook = Callable[[torch.Tensor, list[Sequence]], None]
 
 class Engine:
     def __init__(self, model, tokenizer, device: torch.device, eos_token_ids: frozenset[int],
-                 context_length: int, max_batch: int = 8, logits_hooks: list[LogitsHook] | None = None):
+                 context_length: int, max_batch: int = 8, logits_hooks: list[LogitsHook] | None = None,
+                 prefill_chunk: int = 512, max_waiting: int = 64, prefix_cache_bytes: int = 0):
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, device)
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.max_batch = max_batch
+        self.max_waiting = max_waiting
         self.logits_hooks = list(logits_hooks or [])
-        self._inbox: queue.SimpleQueue[Request | int] = queue.SimpleQueue()
-        self._waiting: deque[Sequence] = deque()
-        self._running: list[Sequence] = []
+        self.metrics = EngineMetrics()
+        prefix_cache = RadixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.scheduler = Scheduler(self.runner, max_batch, prefill_chunk, prefix_cache, self.metrics)
+        self.metrics.watch(self.scheduler)
+        self._inbox: queue.SimpleQueue[Request | int | Callable] = queue.SimpleQueue()
+        self._submit_lock = threading.Lock()
         self._by_id: dict[int, Sequence] = {}
         self._wake = threading.Event()
         self._stopping = False
@@ -40,6 +50,10 @@ class Engine:
 
     # ---- called from any thread -------------------------------------------------------------
     def start(self) -> None:
+        # Every torch op releases and retakes the GIL; while the event loop runs Python (requests,
+        # chunks), each retake can wait a whole switch interval (5 ms by default), which turned a
+        # 0.1 s decode step into seconds under load. A short interval bounds that wait.
+        sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self._thread = threading.Thread(target=self._loop, name="maskd-engine", daemon=True)
         self._thread.start()
 
@@ -49,20 +63,57 @@ class Engine:
         if self._thread:
             self._thread.join(timeout=10)
 
+    @property
+    def _running(self) -> list[Sequence]:
+        return self.scheduler.running
+
+    @property
+    def _waiting(self):
+        return self.scheduler.waiting
+
+    def check_room(self) -> None:
+        """Raises QueueFull when max_waiting requests already wait for admission: the server calls it
+        before rendering a prompt, so that turning a request away costs next to nothing."""
+        if self._inbox.qsize() + len(self.scheduler.waiting) >= self.max_waiting:
+            self.metrics.rejected.inc()
+            raise QueueFull(f"{self.max_waiting} requests are already waiting; retry later or raise --max-waiting")
+
     def submit(self, request: Request) -> None:
-        self._inbox.put(request)
+        """Queues request; raises QueueFull when max_waiting requests already wait for admission."""
+        with self._submit_lock:
+            self.check_room()
+            request.submitted_at = time.perf_counter()
+            self._inbox.put(request)
         self._wake.set()
 
     def cancel(self, request_id: int) -> None:
         self._inbox.put(request_id)
         self._wake.set()
 
-    async def generate(self, request: Request) -> AsyncIterator[Event]:
-        """Submits request and yields its events; leaving early cancels it."""
+    def check_integrity(self) -> None:
+        """Asserts the scheduler's and prefix cache's invariants, on the engine thread if it runs."""
+        if self._thread is not None and self._thread.is_alive():
+            self.call(self.scheduler.check_integrity).result(timeout=60)
+        else:
+            self.scheduler.check_integrity()
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Runs fn on the engine thread between steps (engine state is not thread-safe)."""
+        future: Future = Future()
+        self._inbox.put((fn, future))
+        self._wake.set()
+        return future
+
+    def generate(self, request: Request) -> AsyncIterator[Event]:
+        """Submits request now (QueueFull is raised here) and returns its events; closing the
+        iterator early cancels the request."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         request.emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
         self.submit(request)
+        return self._events(request, events)
+
+    async def _events(self, request: Request, events: asyncio.Queue) -> AsyncIterator[Event]:
         done = False
         try:
             while not done:
@@ -87,6 +138,7 @@ class Engine:
                 log.exception("engine step failed")
                 for seq in self._running + list(self._waiting):
                     self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
+                self.scheduler.reset_batch()
 
     def _drain_inbox(self) -> None:
         while True:
@@ -97,21 +149,27 @@ class Engine:
             if isinstance(item, Request):
                 seq = Sequence(item, self.tokenizer, self.eos_token_ids)
                 self._by_id[item.request_id] = seq
-                self._waiting.append(seq)
+                self.scheduler.add(seq)
+            elif isinstance(item, tuple):  # (fn, future) from call()
+                fn, future = item
+                try:
+                    future.set_result(fn())
+                except Exception as exc:
+                    future.set_exception(exc)
             elif item in self._by_id:
                 self._by_id[item].cancelled = True
 
     @torch.inference_mode()
     def step(self) -> None:
-        """Prefill one newcomer if there is room, else decode one token for every running row."""
+        """One forward pass over every running row (plus one prefill chunk of a newcomer, if any);
+        each row gets one token. See engine/scheduler.py."""
         for seq in [s for s in self._running + list(self._waiting) if s.cancelled]:
             self._finish(seq, "cancelled")
-        if self._waiting and len(self._running) < self.max_batch:
-            seq = self._waiting.popleft()
-            self._running.append(seq)
-            self._advance([seq], self.runner.prefill(seq))
-        elif self._running:
-            self._advance(list(self._running), self.runner.decode(self._running))
+        seqs, logits = self.scheduler.forward()
+        if seqs:
+            self._advance(seqs, logits)
+            self.metrics.stepped(seqs, time.perf_counter())
+        self.scheduler.settle()
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """logits: [B, V], one row per seq. Samples, then appends each row's token."""
@@ -160,10 +218,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, token_ids: list[int] | None = None,
                 text: str = "", error: str | None = None) -> None:
         seq.finish_reason = reason
-        if seq in self._running:
-            self._running.remove(seq)
-        if seq in self._waiting:
-            self._waiting.remove(seq)
         self._by_id.pop(seq.request.request_id, None)
-        self.runner.release(seq)
+        self.scheduler.release(seq, keep_kv=reason != "error")
+        self.metrics.finished(seq, reason)
         seq.request.emit(seq.event(token_ids or [], text, error=error))

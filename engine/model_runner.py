@@ -1,4 +1,4 @@
-"""Forward passes: prefill a newcomer's prompt, then decode one token for every running row."""
+"""Forward passes: a chunk of one newcomer's prompt, or one token for every running row at once."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-from engine.sequence import Sequence
+from engine.batch_cache import BatchCache
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
@@ -23,27 +23,21 @@ class ModelRunner:
         self._cache_kwarg = cache_kwarg(model)
 
     @torch.inference_mode()
-    def _forward(self, seq: Sequence) -> torch.Tensor:
-        """Runs seq.next_input through the model on seq's cache; returns logits [V] of the last."""
-        if seq.cache is None:
-            seq.cache = DynamicCache()
-        ids = torch.tensor([seq.next_input], device=self.device)  # [1, T]
-        kwargs = {self._cache_kwarg: seq.cache}
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **kwargs)
-        seq.next_input = []
+    def prefill(self, cache: DynamicCache, token_ids: list[int]) -> torch.Tensor:
+        """Runs token_ids [T] on top of a batch-size-1 cache (no padding; positions continue from its
+        length); returns logits [1, V] of the last token."""
+        ids = torch.tensor([token_ids], device=self.device)  # [1, T]
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
         self.forward_passes += 1
-        return out.logits[0, -1]  # [V]
+        return out.logits[:, -1]  # [1, V]
 
-    def prefill(self, seq: Sequence) -> torch.Tensor:
-        """Returns logits [1, V] for the token after seq's prompt."""
-        return self._forward(seq).unsqueeze(0)
-
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """One step for every row; returns logits [B, V].
-
-        Rows keep separate caches for now; one padded forward over all rows replaces this loop
-        when continuous batching lands."""
-        return torch.stack([self._forward(seq) for seq in seqs])
-
-    def release(self, seq: Sequence) -> None:
-        seq.cache = None
+    @torch.inference_mode()
+    def decode(self, batch: BatchCache, token_ids: list[int]) -> torch.Tensor:
+        """Feeds one token per row (token_ids [B], row order); returns logits [B, V]."""
+        ids = torch.tensor(token_ids, device=self.device).unsqueeze(1)  # [B, 1]
+        inputs = batch.step_inputs()
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                         **{self._cache_kwarg: batch.cache}, **inputs)
+        batch.advance(inputs["attention_mask"])
+        self.forward_passes += 1
+        return out.logits[:, -1]  # [B, V]

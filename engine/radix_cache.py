@@ -143,6 +143,13 @@ class RadixCache:
         self.hit_tokens += i
         return PrefixMatch(i, node)
 
+    def find(self, token_ids: Sequence[int] | torch.Tensor) -> PrefixMatch:
+        """Like `match`, but not counted in the hit statistics: for the engine re-finding a prefix
+        it has just inserted (to move a request's lock onto it)."""
+        node, i = self._walk(_token_list(token_ids), split_at_end=True)
+        self._touch(node)
+        return PrefixMatch(i, node)
+
     def _walk(self, tokens: list[int], split_at_end: bool) -> tuple[RadixNode, int]:
         """Follow `tokens` from the root; returns (deepest node fully matched, tokens matched).
         Splits the edge where the tokens diverge from it (or end inside it, if split_at_end)."""

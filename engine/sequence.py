@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -44,6 +45,7 @@ class Request:
     emit: Callable[[Event], None] = lambda event: None
     keep_special_ids: frozenset[int] = frozenset()  # special tokens that stay in the text
     request_id: int = field(default_factory=lambda: next(_ids))
+    submitted_at: float = field(default_factory=time.perf_counter)  # reset by Engine.submit
 
 
 class Sequence:
@@ -60,8 +62,10 @@ class Sequence:
         self.stop_token_ids |= frozenset(request.params.stop_token_ids)
         self.output_ids: list[int] = []
         self.next_input: list[int] = list(request.prompt_ids)  # tokens not yet run through the model
-        self.cache = None  # the model's KV cache for this row
-        self.cached_tokens = 0
+        self.cache = None  # batch-size-1 KV while prefilling; then the row lives in the BatchCache
+        self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
+        self.prefix_node = None  # the prefix cache node this request locks (engine.radix_cache.RadixNode)
+        self.first_token_at: float | None = None
         self.cancelled = False
         self.finish_reason: str | None = None
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+import asyncio
+
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from sse_starlette.sse import EventSourceResponse
 
 from server import chat, completions
@@ -31,6 +35,23 @@ def create_app(state: ServerState) -> FastAPI:
     async def health():
         return {"status": "ok", "model": state.model_name}
 
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/debug/integrity")
+    async def integrity():
+        """Runs the scheduler's and prefix cache's check_integrity() on the engine thread."""
+        try:
+            await asyncio.wrap_future(state.engine.call(state.engine.scheduler.check_integrity))
+        except AssertionError as exc:
+            return JSONResponse({"ok": False, "error": f"check_integrity failed: {exc}"}, status_code=500)
+        cache = state.engine.scheduler.prefix_cache
+        return {"ok": True, "running": state.engine.scheduler.num_running,
+                "waiting": len(state.engine.scheduler.waiting),
+                "prefix_cache_bytes": cache.size_bytes if cache else 0,
+                "prefix_cache_budget_bytes": cache.budget_bytes if cache else 0}
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{
@@ -39,6 +60,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
+        state.engine.check_room()  # a full queue answers 429 before any prompt is rendered
         if not body.stream:
             return await chat.complete(state, body)
         payloads = await chat.stream(state, body)

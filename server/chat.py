@@ -117,9 +117,11 @@ async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterat
                 out.append(Delta(content=event.text))
         return out
 
+    generated = state.engine.generate(prepared.request)  # submits now: a full queue is a 429, not a broken stream
+
     async def events() -> AsyncIterator[str]:
         yield chunk(Delta(role="assistant", content=""))
-        async for event in state.engine.generate(prepared.request):
+        async for event in generated:
             if event.finish_reason == "error":
                 yield json.dumps(error_body(f"generation failed: {event.error}", "server_error"))
                 break
@@ -131,4 +133,14 @@ async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterat
                     yield ChatCompletionChunk(**head, choices=[], usage=usage_of(event)).model_dump_json()
         yield "[DONE]"
 
-    return events()
+    return _cancel_on_exit(events(), state, request.request_id)
+
+
+async def _cancel_on_exit(payloads: AsyncIterator[str], state: ServerState, request_id: int) -> AsyncIterator[str]:
+    """A client gone before the first engine event never started the engine's iterator, whose own
+    cancel-on-close thus never runs: cancel here (a no-op once the request finished)."""
+    try:
+        async for payload in payloads:
+            yield payload
+    finally:
+        state.engine.cancel(request_id)

@@ -21,7 +21,9 @@ def _load(args):
 
     masker = ConstraintMasker(loaded.vocab_size, args.max_batch)
     engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids,
-                    loaded.context_length, max_batch=args.max_batch, logits_hooks=[masker])
+                    loaded.context_length, max_batch=args.max_batch, logits_hooks=[masker],
+                    prefill_chunk=args.prefill_chunk, max_waiting=args.max_waiting,
+                    prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)))
     return loaded, engine
 
 
@@ -83,6 +85,12 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="a name from models.yaml (default: its `default`)")
     parser.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1 ...")
     parser.add_argument("--max-batch", type=int, default=8, help="most requests decoded together")
+    parser.add_argument("--prefill-chunk", type=int, default=512,
+                        help="most prompt tokens prefilled per step (how long a newcomer stalls running rows)")
+    parser.add_argument("--max-waiting", type=int, default=64,
+                        help="most requests queued for admission; more get HTTP 429")
+    parser.add_argument("--prefix-cache-mb", type=float, default=512,
+                        help="KV memory budget of the shared prefix cache in MiB (0 disables it)")
     parser.add_argument("--allow-download", action="store_true",
                         help="let transformers fetch weights from the Hugging Face hub")
 

@@ -9,6 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from engine.scheduler import QueueFull
+
 log = logging.getLogger("maskd.server")
 
 
@@ -43,6 +45,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(QueueFull)
+    async def _queue_full(_: Request, exc: QueueFull):
+        return JSONResponse(error_body(str(exc), "rate_limit_error", None, "queue_full"), status_code=429)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):

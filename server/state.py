@@ -14,5 +14,5 @@ class ServerState:
     context_length: int
     tool_format: str
     engine: Engine
-    compiler: object  # grammars.GrammarCompiler for this model's vocabulary
-    vocabulary: object  # grammars.TokenVocabulary
+    compiler: object = None  # grammars.GrammarCompiler for this model's vocabulary
+    vocabulary: object = None  # grammars.TokenVocabulary

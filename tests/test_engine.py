@@ -1,6 +1,7 @@
 """The engine loop on a tiny random-weight Llama with the embedded model's tokenizer."""
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -141,3 +142,40 @@ def test_context_length_ends_generation(tiny_model, smollm_tokenizer):
     finally:
         eng.shutdown()
     assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 3
+
+
+def test_forced_tokens_in_a_batch_give_the_constrained_text(tiny_model, smollm_tokenizer):
+    """A const schema forces almost every token (jump-forward); the row shares its batch with a
+    free row, and both must come out as they do alone."""
+    from engine.constraint_hook import ConstraintMasker
+    from grammars import GrammarCompiler, TokenVocabulary
+
+    vocab = TokenVocabulary.from_tokenizer(smollm_tokenizer, VOCAB, extra_eos_token_ids=(2,))
+    schema = {"type": "object", "properties": {"answer": {"const": "forty two, exactly"}, "n": {"enum": [1, 22]}},
+              "required": ["answer", "n"], "additionalProperties": False}
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512,
+                 logits_hooks=[ConstraintMasker(VOCAB, 8)])
+    eng.start()
+    with GrammarCompiler(vocab, timeout_s=60) as compiler:
+        grammar = compiler.compile_json_schema(schema)
+
+        def both():
+            async def collect(request):
+                return [e async for e in eng.generate(request)]
+
+            async def run():
+                free = Request(prompt_ids=prompt(smollm_tokenizer),
+                               params=SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+                constrained = Request(prompt_ids=prompt(smollm_tokenizer, "JSON:"), constraint=grammar.matcher(),
+                                      params=SamplingParams(max_tokens=60, temperature=0))
+                return await asyncio.gather(collect(free), collect(constrained))
+            return asyncio.run(run())
+        try:
+            free, constrained = both()
+            alone = run(eng, Request(prompt_ids=prompt(smollm_tokenizer),
+                                     params=SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)))
+        finally:
+            eng.shutdown()
+    text = "".join(e.text for e in constrained)
+    assert json.loads(text)["answer"] == "forty two, exactly" and constrained[-1].finish_reason == "stop"
+    assert [t for e in free for t in e.token_ids] == [t for e in alone for t in e.token_ids]

@@ -1,0 +1,185 @@
+"""The scheduler on a tiny random-weight Llama, stepped by hand (no engine thread) so that the
+order of joins, leaves and prefill chunks is exact. check_integrity() runs after every step."""
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from engine.engine import Engine
+from engine.sampling import SamplingParams
+from engine.scheduler import QueueFull
+from engine.sequence import Request
+
+VOCAB = 49152
+EOS = frozenset({2})
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.2)  # peaked attention: a wrong position or mask changes tokens
+    return LlamaForCausalLM(config).eval()
+
+
+class Driver:
+    """An engine stepped from the test thread."""
+
+    def __init__(self, model, tokenizer, **kwargs):
+        self.engine = Engine(model, tokenizer, torch.device("cpu"), EOS, context_length=1024, **kwargs)
+        self.events: dict[int, list] = {}
+
+    def submit(self, prompt, **params) -> Request:
+        params = {"temperature": 0, "ignore_eos": True, **params}
+        request = Request(prompt_ids=list(prompt), params=SamplingParams(**params))
+        self.events[request.request_id] = []
+        request.emit = self.events[request.request_id].append
+        self.engine.submit(request)
+        return request
+
+    def step(self) -> None:
+        self.engine._drain_inbox()
+        self.engine.step()
+        self.engine.check_integrity()
+
+    def run(self) -> None:
+        self.engine._drain_inbox()
+        while self.engine._running or self.engine._waiting:
+            self.step()
+
+    def tokens(self, request) -> list[int]:
+        return [t for e in self.events[request.request_id] for t in e.token_ids]
+
+    def last(self, request):
+        return self.events[request.request_id][-1]
+
+    def done(self, request) -> bool:
+        events = self.events[request.request_id]
+        return bool(events) and events[-1].finish_reason is not None
+
+
+def prompts(n_tokens=(7, 19, 3, 40), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(100, VOCAB, (n,), generator=g).tolist() for n in n_tokens]
+
+
+def alone(model, tokenizer, prompt, **params):
+    driver = Driver(model, tokenizer)
+    request = driver.submit(prompt, **params)
+    driver.run()
+    return driver.tokens(request)
+
+
+def test_batched_greedy_equals_serial_with_rows_joining_mid_flight(tiny_model, smollm_tokenizer):
+    ps = prompts()
+    serial = [alone(tiny_model, smollm_tokenizer, p, max_tokens=12) for p in ps]
+    driver = Driver(tiny_model, smollm_tokenizer)
+    first = driver.submit(ps[0], max_tokens=12)
+    for _ in range(4):
+        driver.step()
+    rest = [driver.submit(p, max_tokens=12) for p in ps[1:]]  # join while the first one decodes
+    sizes = []
+    while not all(driver.done(r) for r in [first, *rest]):
+        driver.step()
+        sizes.append(driver.engine.scheduler.batch.batch_size)
+    assert [driver.tokens(r) for r in [first, *rest]] == serial
+    assert max(sizes) == 4, "all four rows should have decoded together"
+    assert driver.engine.scheduler.batch.batch_size == 0
+
+
+def test_seeded_sampling_is_per_row(tiny_model, smollm_tokenizer):
+    ps = prompts((5, 11, 17))
+    serial = [alone(tiny_model, smollm_tokenizer, p, max_tokens=10, temperature=1.0, seed=7 + i)
+              for i, p in enumerate(ps)]
+    driver = Driver(tiny_model, smollm_tokenizer)
+    requests = [driver.submit(p, max_tokens=10, temperature=1.0, seed=7 + i) for i, p in enumerate(ps)]
+    driver.run()
+    assert [driver.tokens(r) for r in requests] == serial
+
+
+def test_chunked_prefill_stalls_running_rows_one_chunk_per_step(tiny_model, smollm_tokenizer):
+    short, long = prompts((4, 30))
+    expected = alone(tiny_model, smollm_tokenizer, long, max_tokens=5)
+    driver = Driver(tiny_model, smollm_tokenizer, prefill_chunk=8)
+    running = driver.submit(short, max_tokens=40)
+    driver.step()
+    newcomer = driver.submit(long, max_tokens=5)
+    counts = []
+    for _ in range(4):  # 30 tokens in chunks of 8: four steps of prefill
+        before = len(driver.tokens(running))
+        passes = driver.engine.runner.forward_passes
+        driver.step()
+        counts.append((len(driver.tokens(running)) - before, driver.engine.runner.forward_passes - passes))
+    assert counts == [(1, 2)] * 4, "each step: one prefill chunk + one decode pass, one token for the running row"
+    assert len(driver.tokens(newcomer)) == 1  # first token sampled with the last chunk
+    driver.run()
+    assert driver.tokens(newcomer) == expected
+
+
+def test_cancel_frees_the_row_and_the_prefix_lock_within_one_step(tiny_model, smollm_tokenizer):
+    driver = Driver(tiny_model, smollm_tokenizer, prefix_cache_bytes=16 << 20)
+    a, b = prompts((12, 9))
+    keep, drop = driver.submit(a, max_tokens=50), driver.submit(b, max_tokens=50)
+    for _ in range(4):
+        driver.step()
+    assert driver.engine.scheduler.batch.batch_size == 2
+    driver.engine.cancel(drop.request_id)
+    driver.step()
+    assert driver.last(drop).finish_reason == "cancelled"
+    assert driver.engine.scheduler.batch.batch_size == 1 and driver.engine._running[0].request is keep
+    cache = driver.engine.scheduler.prefix_cache
+    assert sum(c.lock_ref for c in cache.root.children.values()) == 1  # only `keep` still locks
+    driver.engine.cancel(keep.request_id)
+    driver.step()
+    assert driver.engine.scheduler.batch.batch_size == 0 and cache.evictable_bytes == cache.size_bytes
+
+
+def test_prefix_cache_hit_gives_identical_output_and_reports_cached_tokens(tiny_model, smollm_tokenizer):
+    system, q1, q2 = prompts((60, 6, 9), seed=3)
+    expected = alone(tiny_model, smollm_tokenizer, system + q2, max_tokens=10)
+    driver = Driver(tiny_model, smollm_tokenizer, prefix_cache_bytes=16 << 20, prefill_chunk=16)
+    first = driver.submit(system + q1, max_tokens=10)
+    driver.run()
+    second = driver.submit(system + q2, max_tokens=10)
+    again = driver.submit(system + q2, max_tokens=10)
+    driver.run()
+    assert driver.last(first).cached_tokens == 0
+    assert driver.last(second).cached_tokens == len(system)
+    assert driver.last(again).cached_tokens >= len(system + q2) - 1  # the prompt was cached at its prefill's end
+    assert driver.tokens(second) == expected and driver.tokens(again) == expected
+    metrics = driver.engine.metrics.render().decode()
+    assert "maskd_cached_prompt_tokens_total" in metrics and "maskd_prefix_cache_hit_ratio" in metrics
+
+
+def test_tiny_budget_evicts_and_keeps_integrity(tiny_model, smollm_tokenizer):
+    per_token = 2 * 2 * 2 * 16 * 4  # layers * (k, v) * kv heads * head dim * fp32
+    driver = Driver(tiny_model, smollm_tokenizer, prefix_cache_bytes=50 * per_token)
+    requests = [driver.submit(p, max_tokens=6) for p in prompts((30, 25, 40, 10), seed=5)]
+    driver.run()
+    cache = driver.engine.scheduler.prefix_cache
+    assert all(driver.last(r).finish_reason == "length" for r in requests)
+    assert 0 < cache.size_bytes <= cache.budget_bytes and cache.evicted_tokens > 0
+
+
+def test_full_queue_raises_and_the_server_answers_429(tiny_model, smollm_tokenizer):
+    driver = Driver(tiny_model, smollm_tokenizer, max_waiting=2)
+    driver.submit([5, 6, 7])
+    driver.submit([5, 6, 8])
+    with pytest.raises(QueueFull, match="max-waiting"):
+        driver.submit([5, 6, 9])
+    from server.app import create_app
+    from server.state import ServerState
+    engine = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), EOS, context_length=1024, max_waiting=0)
+    state = ServerState(model_name="tiny", tokenizer=smollm_tokenizer, context_length=1024,
+                        tool_format="hermes", engine=engine)
+    with TestClient(create_app(state)) as http:
+        for stream in (False, True):
+            reply = http.post("/v1/chat/completions", json={
+                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+            assert reply.status_code == 429
+            assert reply.json()["error"]["type"] == "rate_limit_error"
+            assert reply.json()["error"]["code"] == "queue_full"
+        assert "maskd_requests_rejected_total 2.0" in http.get("/metrics").text
+        assert http.get("/debug/integrity").json()["ok"] is True
