@@ -62,7 +62,10 @@ def _scratch(device: torch.device, dtype: torch.dtype, batch: int, width: int) -
     key = (device, dtype, batch, width)
     scratch = _SCRATCH.get(key)
     if scratch is None:
-        scratch = _SCRATCH[key] = _Scratch(device, dtype, batch, width)
+        # Normal tensors even when first asked for inside torch.inference_mode (the engine's step):
+        # inference tensors could not be written to later outside it.
+        with torch.inference_mode(False):
+            scratch = _SCRATCH[key] = _Scratch(device, dtype, batch, width)
     return scratch
 
 

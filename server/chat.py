@@ -133,7 +133,7 @@ async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterat
                     yield ChatCompletionChunk(**head, choices=[], usage=usage_of(event)).model_dump_json()
         yield "[DONE]"
 
-    return _cancel_on_exit(events(), state, request.request_id)
+    return _cancel_on_exit(events(), state, prepared.request.request_id)
 
 
 async def _cancel_on_exit(payloads: AsyncIterator[str], state: ServerState, request_id: int) -> AsyncIterator[str]:

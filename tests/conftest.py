@@ -59,8 +59,9 @@ def client(server_url):
     return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def async_client(server_url):
+    """Per test: an async client's connections belong to the event loop of the test that used it."""
     from openai import AsyncOpenAI
     return AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120)
 

@@ -149,8 +149,10 @@ def test_response_format_json_schema_validates(client):
 
 
 def test_response_format_json_object_parses(client):
-    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "JSON please"}],
-                                           max_tokens=150, temperature=0, response_format={"type": "json_object"})
+    ask = [{"role": "user", "content": "Give me a JSON object describing a cat with keys name and age."}]
+    reply = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=150, temperature=0,
+                                           response_format={"type": "json_object"})
+    assert reply.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
 
 

@@ -167,3 +167,18 @@ def test_apply_on_cuda():
     apply_token_bitmask_inplace(logits, bitmask.cuda(), rows=[1])
     assert torch.isfinite(logits[1]).nonzero().view(-1).tolist() == [0]
     assert torch.isfinite(logits[0]).all()
+
+
+def test_bitmask_scratch_made_in_inference_mode_works_outside_it():
+    """The engine applies masks inside torch.inference_mode; a later caller outside it used to get
+    'Inplace update to inference tensor outside InferenceMode'."""
+    import torch
+
+    from grammars import allocate_token_bitmask, apply_token_bitmask_inplace
+    mask = allocate_token_bitmask(1, 77)
+    mask[0, 1] = 0  # ban tokens 32..63
+    with torch.inference_mode():
+        apply_token_bitmask_inplace(torch.zeros(1, 77), mask)
+    logits = torch.zeros(1, 77)
+    apply_token_bitmask_inplace(logits, mask)
+    assert torch.isinf(logits[0, 32:64]).all() and not torch.isinf(logits[0, :32]).any()
