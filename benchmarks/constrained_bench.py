@@ -17,6 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
+from round_plot import plot_rounds  # benchmarks/ is on sys.path when run as a script
 from engine.constraint_hook import ConstraintMasker
 from engine.engine import Engine
 from engine.model_loader import load_model
@@ -87,18 +88,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "constrained_bench.json").write_text(json.dumps(
         {"runs_tok_s": runs, "tokens": counts, "median_tok_s": medians, "ratio": ratio}, indent=2))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in runs.items():
-        ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
-    ax.set_xlabel("round")
-    ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"constrained / unconstrained = {ratio:.3f}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "constrained_bench.png", dpi=100)
+    plot_rounds(runs, RESULTS / "constrained_bench.png", f"constrained / unconstrained = {ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from round_plot import plot_rounds  # benchmarks/ is on sys.path when run as a script
 from engine.engine import Engine
 from engine.model_loader import load_model
 from engine.registry import load_registry
@@ -87,18 +88,7 @@ def main() -> None:
     (RESULTS / "decode_bench.json").write_text(json.dumps({
         "model": loaded.name, "device": str(loaded.device), "prompt_tokens": len(prompt_ids),
         "new_tokens": args.tokens, "runs_tok_s": runs, "median_tok_s": medians, "ratio": ratio}, indent=2))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in runs.items():
-        ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
-    ax.set_xlabel("round")
-    ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"{loaded.name}: maskd / generate() = {ratio:.2f}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "decode_bench.png", dpi=100)
+    plot_rounds(runs, RESULTS / "decode_bench.png", f"{loaded.name}: maskd / generate() = {ratio:.2f}")
     print(f"wrote {RESULTS / 'decode_bench.json'} and decode_bench.png")
 
 

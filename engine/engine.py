@@ -177,7 +177,11 @@ class Engine:
             hook(logits, seqs)
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         for seq, token in zip(seqs, tokens):
-            self._append(seq, token)
+            try:
+                self._append(seq, token)
+            except Exception as exc:  # e.g. a constraint that refuses its token: that request alone fails
+                log.exception("request %s failed", seq.request.request_id)
+                self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
 
     def _append(self, seq: Sequence, token: int) -> None:
         """Appends the sampled token, then any tokens the constraint forces (jump-forward)."""

@@ -30,9 +30,7 @@ class Prepared:
 
 async def prepare(state: ServerState, body: ChatCompletionRequest) -> Prepared:
     """Validates the request, renders the prompt and builds its constraint; raises APIError."""
-    if body.model != state.model_name:
-        raise APIError(f"model {body.model!r} is not served here; this server serves {state.model_name!r}",
-                       status=404, param="model", code="model_not_found", type="not_found_error")
+    state.require_model(body.model)
     choice = resolve_tool_choice(body)
     if choice.mode != "none" and body.response_format and body.response_format.type != "text":
         raise APIError("response_format cannot be combined with tool calls; send tool_choice 'none' "

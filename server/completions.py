@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from engine.sampling import SamplingParams
 from engine.sequence import Request
+from server.chat import usage_of
 from server.errors import APIError
 from server.protocol import StreamOptions, Usage, _Open
 from server.state import ServerState
@@ -66,9 +67,7 @@ class Completion(BaseModel):
 
 
 def _request(state: ServerState, body: CompletionRequest) -> Request:
-    if body.model != state.model_name:
-        raise APIError(f"model {body.model!r} is not served here; this server serves {state.model_name!r}",
-                       status=404, param="model", code="model_not_found", type="not_found_error")
+    state.require_model(body.model)
     if isinstance(body.prompt, str):
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=True)
     else:
@@ -86,12 +85,6 @@ def _request(state: ServerState, body: CompletionRequest) -> Request:
     return Request(prompt_ids=ids, params=params)
 
 
-def _usage(event) -> Usage:
-    return Usage(prompt_tokens=event.prompt_tokens, completion_tokens=event.completion_tokens,
-                 total_tokens=event.prompt_tokens + event.completion_tokens,
-                 prompt_tokens_details={"cached_tokens": event.cached_tokens})
-
-
 async def complete_text(state: ServerState, body: CompletionRequest) -> Completion:
     request = _request(state, body)
     pieces, last = [], None
@@ -101,7 +94,7 @@ async def complete_text(state: ServerState, body: CompletionRequest) -> Completi
         raise APIError(f"generation failed: {last.error}", status=500, type="server_error")
     return Completion(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name,
                       choices=[CompletionChoice(text="".join(pieces), finish_reason=last.finish_reason)],
-                      usage=_usage(last))
+                      usage=usage_of(last))
 
 
 async def stream_text(state: ServerState, body: CompletionRequest) -> AsyncIterator[str]:
@@ -115,7 +108,7 @@ async def stream_text(state: ServerState, body: CompletionRequest) -> AsyncItera
                 choice = CompletionChoice(text=event.text, finish_reason=event.finish_reason)
                 yield Completion(**head, choices=[choice]).model_dump_json(exclude_none=True)
             if event.finish_reason and include_usage:
-                yield Completion(**head, choices=[], usage=_usage(event)).model_dump_json()
+                yield Completion(**head, choices=[], usage=usage_of(event)).model_dump_json()
         yield "[DONE]"
 
     return events()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.engine import Engine
+from server.errors import APIError
 
 
 @dataclass
@@ -16,3 +17,9 @@ class ServerState:
     engine: Engine
     compiler: object = None  # grammars.GrammarCompiler for this model's vocabulary
     vocabulary: object = None  # grammars.TokenVocabulary
+
+    def require_model(self, name: str) -> None:
+        """The request's `model` must be the one served here (a 404 naming it otherwise)."""
+        if name != self.model_name:
+            raise APIError(f"model {name!r} is not served here; this server serves {self.model_name!r}",
+                           status=404, param="model", code="model_not_found", type="not_found_error")

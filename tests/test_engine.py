@@ -179,3 +179,31 @@ def test_forced_tokens_in_a_batch_give_the_constrained_text(tiny_model, smollm_t
     text = "".join(e.text for e in constrained)
     assert json.loads(text)["answer"] == "forty two, exactly" and constrained[-1].finish_reason == "stop"
     assert [t for e in free for t in e.token_ids] == [t for e in alone for t in e.token_ids]
+
+
+def test_a_constraint_that_fails_fails_only_its_own_request(engine, smollm_tokenizer):
+    class Refuses:
+        def fill(self, row):
+            pass
+
+        def advance(self, token):
+            raise ValueError("token refused")
+
+        def forced(self):
+            return []
+
+        def finished(self):
+            return False
+
+        def is_terminated(self):
+            return False
+
+    async def both():
+        async def collect(request):
+            return [e async for e in engine.generate(request)]
+        ok = Request(prompt_ids=prompt(smollm_tokenizer), params=SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+        bad = Request(prompt_ids=prompt(smollm_tokenizer, "Hi"), constraint=Refuses(), params=SamplingParams(max_tokens=5))
+        return await asyncio.gather(collect(ok), collect(bad))
+    ok, bad = asyncio.run(both())
+    assert bad[-1].finish_reason == "error" and "token refused" in bad[-1].error
+    assert ok[-1].finish_reason == "length" and ok[-1].completion_tokens == 5
