@@ -46,26 +46,36 @@ def load_state() -> ServerState:
                        GrammarCompiler(vocabulary, timeout_s=10.0), vocabulary)
 
 
-def check(calls: list[tuple[str, str]], name: str, schema: dict) -> str:
-    """'valid', or what was wrong."""
+def functions_of(schema: dict) -> dict[str, dict]:
+    """BFCL rows are {"<name>": <parameters>} objects, or an anyOf of them (several tools)."""
+    options = schema["anyOf"] if "anyOf" in schema else [schema]
+    return {name: params for option in options for name, params in option["properties"].items()}
+
+
+def check(calls: list[tuple[str, str]], finish: str, functions: dict[str, dict]) -> str:
+    """'valid', or what was wrong. Output cut by max_tokens is counted apart: issue 6's subject."""
+    if finish == "length":
+        return "cut_by_max_tokens"
     if not calls:
         return "no_call"
     for called, arguments in calls:
-        if called != name:
+        if called not in functions:
             return "unknown_tool"
         try:
-            jsonschema.validate(json.loads(arguments), schema)
+            jsonschema.validate(json.loads(arguments), functions[called])
         except (ValueError, jsonschema.ValidationError):
             return "invalid_arguments"
     return "valid"
 
 
-async def run_one(state: ServerState, name: str, schema: dict, mode: str, stream: bool, max_tokens: int, seed: int):
+async def run_one(state: ServerState, functions: dict[str, dict], mode: str, stream: bool, max_tokens: int,
+                  seed: int):
     body = ChatCompletionRequest(
         model=state.model_name, max_tokens=max_tokens, temperature=0.0 if mode == "required" else 0.7, seed=seed,
-        messages=[{"role": "user", "content": f"Call {name} with sensible arguments."}],
-        tools=[{"type": "function", "function": {"name": name, "parameters": schema}}], tool_choice=mode,
-        parallel_tool_calls=False, stream=stream)
+        messages=[{"role": "user", "content": f"Call {next(iter(functions))} with sensible arguments."}],
+        tools=[{"type": "function", "function": {"name": name, "parameters": params}}
+               for name, params in functions.items()],
+        tool_choice=mode, parallel_tool_calls=False, stream=stream)
     if not stream:
         reply = await chat.complete(state, body)
         message = reply.choices[0].message
@@ -90,25 +100,27 @@ async def bench(state: ServerState, rows: list[dict], max_tokens: int) -> dict:
     outcome = {"refused": {}, "required": {}, "required_stream": {}, "auto": {}, "stream_equal": 0,
                "length_cut": 0, "seconds": []}
     for i, row in enumerate(rows):
-        (name, params), = row["schema"]["properties"].items()
+        functions = functions_of(row["schema"])
+        name = next(iter(functions))
         started = time.perf_counter()
         try:
-            whole, finish = await run_one(state, name, params, "required", False, max_tokens, i)
+            whole, finish = await run_one(state, functions, "required", False, max_tokens, i)
         except APIError as exc:
             key = exc.code or "error"
             outcome["refused"][key] = outcome["refused"].get(key, 0) + 1
             print(f"{i:4} {name[:40]:40} refused: {exc.message[:80]}")
             continue
-        streamed, _ = await run_one(state, name, params, "required", True, max_tokens, i)
-        auto, _ = await run_one(state, name, params, "auto", False, max_tokens, i)
+        streamed, stream_finish = await run_one(state, functions, "required", True, max_tokens, i)
+        auto, auto_finish = await run_one(state, functions, "auto", False, max_tokens, i)
         outcome["length_cut"] += finish == "length"
         outcome["stream_equal"] += whole == streamed
-        for key, calls in (("required", whole), ("required_stream", streamed), ("auto", auto)):
-            verdict = check(calls, name, params)
+        verdicts = {"required": check(whole, finish, functions), "required_stream": check(streamed, stream_finish, functions),
+                    "auto": check(auto, auto_finish, functions)}
+        for key, verdict in verdicts.items():
             outcome[key][verdict] = outcome[key].get(verdict, 0) + 1
         outcome["seconds"].append(time.perf_counter() - started)
-        print(f"{i:4} {name[:40]:40} required={check(whole, name, params)} stream={check(streamed, name, params)} "
-              f"auto={check(auto, name, params)} {outcome['seconds'][-1]:.1f}s")
+        print(f"{i:4} {name[:40]:40} {len(functions)} tools " + " ".join(f"{k}={v}" for k, v in verdicts.items())
+              + f" {outcome['seconds'][-1]:.1f}s")
     return outcome
 
 
@@ -127,12 +139,13 @@ def main() -> None:
     served = len(outcome["seconds"])
     print(f"\n{len(rows)} BFCL schemas; served {served}, refused {sum(outcome['refused'].values())} "
           f"{outcome['refused']}")
+    print("share = valid / responses that ended by themselves (and, for auto, that made a call)")
     print(f"{'mode':18} {'valid':>7} {'share':>7}  outcomes")
     for key in ("required", "required_stream", "auto"):
         counts = outcome[key]
         valid = counts.get("valid", 0)
-        called = served - counts.get("no_call", 0)
-        share = valid / (called if key == "auto" else served) if served else 0.0
+        judged = served - counts.get("cut_by_max_tokens", 0) - (counts.get("no_call", 0) if key == "auto" else 0)
+        share = valid / judged if judged else 0.0
         print(f"{key:18} {valid:7} {share:7.1%}  {counts}")
     print(f"streamed calls equal to non-streamed: {outcome['stream_equal']}/{served}; "
           f"cut by max_tokens: {outcome['length_cut']}")
