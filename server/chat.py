@@ -8,7 +8,6 @@ import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from engine.sampling import SamplingParams
 from grammars.tool_formats import Content
 from engine.sequence import Event, Request
 from server.errors import APIError, error_body
@@ -55,9 +54,8 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> Prepared:
         constraint = await build_format_constraint(state, body)
     else:
         constraint, keep = await build_tool_constraint(state, body, choice)
-    params = SamplingParams(max_tokens=budget or room, temperature=body.temperature, top_p=body.top_p,
-                            top_k=body.top_k, seed=body.seed, stop=body.stop or [], ignore_eos=body.ignore_eos)
-    request = Request(prompt_ids=prompt_ids, params=params, constraint=constraint, keep_special_ids=keep)
+    request = Request(prompt_ids=prompt_ids, params=body.sampling_params(budget or room), constraint=constraint,
+                      keep_special_ids=keep)
     return Prepared(request, reads_tools=choice.mode != "none")
 
 

@@ -8,28 +8,17 @@ from typing import AsyncIterator
 
 from pydantic import BaseModel, Field, field_validator
 
-from engine.sampling import SamplingParams
 from engine.sequence import Request
 from server.chat import usage_of
 from server.errors import APIError
-from server.protocol import StreamOptions, Usage, _Open
+from server.protocol import SamplingRequest, Usage
 from server.state import ServerState
 
 
-class CompletionRequest(_Open):
-    model: str
+class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int = Field(default=16, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    n: int = Field(default=1, ge=1, le=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     echo: bool = False
-    ignore_eos: bool = False
 
     @field_validator("echo")
     @classmethod
@@ -79,10 +68,7 @@ def _request(state: ServerState, body: CompletionRequest) -> Request:
         raise APIError(f"max_tokens {body.max_tokens} + prompt {len(ids)} tokens exceed the context of "
                        f"{state.context_length}; ask for at most {max(room, 0)}", param="max_tokens",
                        code="context_length_exceeded")
-    stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
-    params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            top_k=body.top_k, seed=body.seed, stop=stop, ignore_eos=body.ignore_eos)
-    return Request(prompt_ids=ids, params=params)
+    return Request(prompt_ids=ids, params=body.sampling_params(body.max_tokens))
 
 
 async def complete_text(state: ServerState, body: CompletionRequest) -> Completion:

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.sampling import SamplingParams
+
 
 class _Open(BaseModel):
     # Unknown fields are tolerated (clients send store, metadata, user, ...), never acted on.
@@ -71,11 +73,9 @@ class ResponseFormat(_Open):
     json_schema: JsonSchemaFormat | None = None
 
 
-class ChatCompletionRequest(_Open):
+class SamplingRequest(_Open):
+    """What chat and text completions share: the model, sampling, stop strings and streaming."""
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
@@ -84,13 +84,6 @@ class ChatCompletionRequest(_Open):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    tools: list[Tool] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logprobs: bool | None = None
     ignore_eos: bool = False  # maskd extension, for benchmarks
 
     @field_validator("stop")
@@ -101,6 +94,23 @@ class ChatCompletionRequest(_Open):
         if value is not None and len(value) > 4:
             raise ValueError("at most 4 stop sequences")
         return value
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, seed=self.seed, stop=self.stop or [], ignore_eos=self.ignore_eos)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool | None = None
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
