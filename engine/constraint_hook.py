@@ -26,11 +26,12 @@ class ConstraintMasker:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """logits: [B, V], row i belongs to seqs[i]; edited in place."""
-        pairs = [(row, seq.constraint) for row, seq in enumerate(seqs) if seq.constraint is not None]
-        if not pairs:
+        rows = [row for row, seq in enumerate(seqs) if seq.constraint is not None]
+        if not rows:
             return
         if len(seqs) > self.bitmask.shape[0]:
             self.bitmask = allocate_token_bitmask(len(seqs), self.vocab_size)
-        fill_next_token_bitmasks(pairs, self.bitmask)
+        fill_next_token_bitmasks([(row, seqs[row].constraint) for row in rows], self.bitmask,
+                                 budgets=[seqs[row].tokens_left for row in rows])
         mask = self._device_mask(logits.device)
-        apply_token_bitmask_inplace(logits, mask, rows=[row for row, _ in pairs])
+        apply_token_bitmask_inplace(logits, mask, rows=rows)

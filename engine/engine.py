@@ -173,6 +173,9 @@ class Engine:
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """logits: [B, V], one row per seq. Samples, then appends each row's token."""
+        for seq in seqs:
+            seq.tokens_left = min(seq.params.max_tokens - len(seq.output_ids),
+                                  self.context_length - seq.num_tokens)
         for hook in self.logits_hooks:
             hook(logits, seqs)
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
@@ -211,7 +214,8 @@ class Engine:
             if seq.constraint is not None and seq.constraint.is_terminated():
                 reason = "stop"
             elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.context_length:
-                reason = "length"
+                closed = seq.constraint is not None and seq.constraint.closed()
+                reason = "stop" if closed else "length"  # a structure closed by the budget is not cut
         if reason is None:
             seq.request.emit(seq.event([token], text))
             return True

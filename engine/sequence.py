@@ -16,13 +16,23 @@ _ids = itertools.count()
 
 
 class Constraint(Protocol):
-    """The per-request matcher of the constraint interface (see DESIGN.md)."""
+    """The per-request matcher of the constraint interface (see DESIGN.md).
 
-    def fill(self, bitmask_row: torch.Tensor) -> None: ...
+    ``fill``'s budget is the number of tokens the request may still generate, this one included:
+    the constraint keeps only tokens after which its output can still close within it.
+    ``budget_forced`` tells whether that ever narrowed a mask; ``closed()`` whether stopping now
+    cuts nothing (then running out of budget ends the request with "stop", not "length").
+    """
+
+    budget_forced: bool
+
+    def fill(self, bitmask_row: torch.Tensor, budget: int | None = None) -> None: ...
     def advance(self, token_id: int) -> None: ...
     def forced(self) -> list[int]: ...
     def finished(self) -> bool: ...
+    def closed(self) -> bool: ...
     def is_terminated(self) -> bool: ...
+    def min_tokens(self) -> int: ...
 
 
 @dataclass
@@ -35,6 +45,7 @@ class Event:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    budget_forced: bool = False  # the token budget narrowed the constraint's masks (see Constraint)
 
 
 @dataclass
@@ -65,6 +76,7 @@ class Sequence:
         self.cache = None  # batch-size-1 KV while prefilling; then the row lives in the BatchCache
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
         self.prefix_node = None  # the prefix cache node this request locks (engine.radix_cache.RadixNode)
+        self.tokens_left = request.params.max_tokens  # set by the engine before each step's masks
         self.first_token_at: float | None = None
         self.cancelled = False
         self.finish_reason: str | None = None
@@ -77,4 +89,5 @@ class Sequence:
         return Event(
             token_ids=token_ids, text=text, finish_reason=self.finish_reason,
             prompt_tokens=len(self.request.prompt_ids), completion_tokens=len(self.output_ids),
-            cached_tokens=self.cached_tokens, error=error)
+            cached_tokens=self.cached_tokens, error=error,
+            budget_forced=bool(self.constraint is not None and self.constraint.budget_forced))

@@ -20,13 +20,18 @@ def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
 
-def fill_next_token_bitmasks(pairs, bitmask: torch.Tensor) -> None:
+def fill_next_token_bitmasks(pairs, bitmask: torch.Tensor, budgets=None) -> None:
     """For each (row, matcher) in ``pairs`` write the matcher's allowed tokens into ``bitmask[row]``.
 
-    bitmask: int32 [B, W] (CPU; copy to the logits' device after filling).
+    bitmask: int32 [B, W] (CPU; copy to the logits' device after filling). budgets: per pair, the
+    tokens that row may still generate (Matcher.fill's budget), or None for no budget.
     """
-    for row, matcher in pairs:
-        matcher.fill(bitmask[row])
+    if budgets is None:
+        for row, matcher in pairs:
+            matcher.fill(bitmask[row])
+        return
+    for (row, matcher), budget in zip(pairs, budgets):
+        matcher.fill(bitmask[row], budget)
 
 
 class _Scratch:

@@ -8,7 +8,7 @@ spawn, which would re-import the caller's ``__main__``): on timeout the child is
 and a fresh one started.  Frames on the pipes are an 8-byte length plus a pickle; the
 index comes back in outlines-core's pickled (binary) form, ~1 ms per MB.
 
-This module imports only the standard library and outlines_core (no torch), so the
+This module imports only the standard library, outlines_core and numpy (no torch), so the
 child starts in well under a second.
 """
 
@@ -62,14 +62,20 @@ def serve() -> None:  # runs in the child
     os.dup2(2, 1)  # stray prints must not corrupt the frame stream
     inp = sys.stdin.buffer.fileno()
     vocabulary = _read(inp, None)
+    from grammars.budget import _library, build_budget_table
+
+    _library()  # numpy and the C table routine (compiled on first use) load before "ready"
     _write(out, ("ready", None))
     while True:
         try:
-            regex = _read(inp, None)
+            regex, with_table = _read(inp, None)
         except EOFError:
             return
         try:
-            _write(out, ("ok", outlines_core.Index(regex, vocabulary)))
+            index = outlines_core.Index(regex, vocabulary)
+            if with_table:
+                index = (index, build_budget_table(index))
+            _write(out, ("ok", index))
         except Exception as e:  # noqa: BLE001 - report any compile failure to the parent
             _write(out, ("error", f"{type(e).__name__}: {e}"))
 
@@ -93,15 +99,18 @@ class CompileWorker:
         self._proc.stdin.flush()
         self._ready = False
 
-    def build(self, regex: str, timeout_s: float):
-        """Compile ``regex`` in the child; kill it and raise CompileTimeout past the limit."""
+    def build(self, regex: str, timeout_s: float, with_table: bool = False):
+        """Compile ``regex`` in the child; kill it and raise CompileTimeout past the limit.
+
+        Returns the Index, or (Index, BudgetTable) with ``with_table`` (grammars/budget.py).
+        """
         self.start()
         fd = self._proc.stdout.fileno()
         try:
             if not self._ready:
                 _read(fd, time.monotonic() + _STARTUP_TIMEOUT_S)
                 self._ready = True
-            _write(self._proc.stdin, regex)
+            _write(self._proc.stdin, (regex, with_table))
             status, payload = _read(fd, time.monotonic() + timeout_s)
         except TimeoutError:
             was_ready = self._ready

@@ -4,6 +4,8 @@ Shared by every request using the same grammar.  Per-state allowed-token bitmask
 memoised here on first use (one int32 row of ceil(size/32) words per visited state),
 so a matcher's fill is one 6 KB copy instead of outlines-core's per-call walk over
 the allowed-token list (measured 54 us on a 49k vocabulary inside a JSON string).
+Under a token budget, masks of (state, tokens left) come from the grammar's BudgetTable
+(grammars/budget.py), memoised the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numpy as np
 import outlines_core
 import torch
 
+from grammars.budget import BudgetTable, build_budget_table
 from grammars.vocabulary import TokenVocabulary
 
 NO_TOKEN = -1
@@ -20,12 +23,15 @@ NO_TOKEN = -1
 class CompiledGrammar:
     """Index + regex + vocabulary; call ``matcher()`` for a per-request matcher."""
 
-    __slots__ = ("index", "regex", "vocabulary", "key", "width", "_masks", "_single", "_count")
+    __slots__ = ("index", "regex", "vocabulary", "key", "width", "budget", "_masks", "_single",
+                 "_count", "_budget_masks")
 
     def __init__(
-        self, index: outlines_core.Index, regex: str, vocabulary: TokenVocabulary, key: str
+        self, index: outlines_core.Index, regex: str, vocabulary: TokenVocabulary, key: str,
+        budget: BudgetTable | None = None,
     ) -> None:
         self.index = index
+        self.budget = budget if budget is not None else build_budget_table(index)
         self.regex = regex
         self.vocabulary = vocabulary
         self.key = key
@@ -33,6 +39,7 @@ class CompiledGrammar:
         self._masks: dict[int, torch.Tensor] = {}  # state -> int32 [width]
         self._single: dict[int, int] = {}  # state -> the only allowed token (not final), or -1
         self._count: dict[int, int] = {}  # state -> number of allowed non-EOS tokens
+        self._budget_masks: dict[tuple[int, int], torch.Tensor | None] = {}  # (state, limit) -> mask
 
     def __setattr__(self, name, value):
         if name in CompiledGrammar.__slots__ and hasattr(self, name):
@@ -51,6 +58,32 @@ class CompiledGrammar:
 
     def is_final(self, state: int) -> bool:
         return self.index.is_final_state(state)
+
+    def min_tokens(self, state: int) -> int:
+        """Fewest tokens from ``state`` to a complete match (EOS not counted)."""
+        return self.budget.distance_of(state)
+
+    def budget_mask(self, guide: outlines_core.Guide, limit: int) -> torch.Tensor | None:
+        """int32 [width] mask of the tokens after which a complete match is at most ``limit`` tokens
+        away, or None when that rules out nothing in ``guide``'s state (memoised per state, limit)."""
+        state = guide.get_state()
+        key = (state, limit)
+        if key in self._budget_masks:
+            return self._budget_masks[key]
+        rule = self.budget.restriction(state, limit)
+        mask = None
+        if rule is not None:
+            kind, ids = rule
+            words = np.zeros(self.width, dtype=np.uint32)
+            np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+            if kind == "drop":
+                words = self.state_mask(guide).numpy().view(np.uint32) & ~words
+            elif self.index.is_final_state(state):
+                for eos_id in self.vocabulary.eos_token_ids:
+                    words[eos_id >> 5] |= np.uint32(1 << (eos_id & 31))
+            mask = torch.from_numpy(words.view(np.int32))
+        self._budget_masks[key] = mask
+        return mask
 
     def state_mask(self, guide: outlines_core.Guide) -> torch.Tensor:
         """int32 [width] bitmask of the tokens allowed in ``guide``'s state (memoised)."""

@@ -2,7 +2,8 @@
 
 Cache key: sha256 of the regex and the vocabulary fingerprint.  The memory cache is an
 LRU of CompiledGrammar objects (a hit is a dict lookup, ~1 us); the disk cache holds
-the pickled outlines-core Index (``<cache_dir>/<key>.index``; ~1 ms per MB to load).
+the pickled outlines-core Index and its BudgetTable (``<cache_dir>/<key>.index``; ~1 ms
+per MB to load).
 Misses are compiled in CompileWorker child processes with a time limit (see there
 for why a process and not a thread).
 """
@@ -73,13 +74,14 @@ class GrammarCompiler:
             hit = self._memory_get(key)
             if hit is not None:
                 return hit
-            index = self._disk_get(key)
-            if index is None:
-                index = self._build(regex)
-                self._disk_put(key, index)
+            built = self._disk_get(key)
+            if built is None:
+                built = self._build(regex)
+                self._disk_put(key, built)
             else:
                 self.stats["disk_hits"] += 1
-            grammar = CompiledGrammar(index, regex, self.vocabulary, key)
+            index, budget = built
+            grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
             self._memory_put(key, grammar)
             return grammar
 
@@ -128,7 +130,7 @@ class GrammarCompiler:
         worker = self._idle.get()
         try:
             self.stats["compiles"] += 1
-            return worker.build(regex, self.timeout_s)
+            return worker.build(regex, self.timeout_s, with_table=True)
         except GrammarError as e:
             if type(e).__name__ == "CompileTimeout":
                 self.stats["timeouts"] += 1
@@ -165,15 +167,16 @@ class GrammarCompiler:
             return None
         try:
             with open(path, "rb") as f:
-                return pickle.load(f)
+                built = pickle.load(f)
         except Exception:  # noqa: BLE001 - a corrupt cache entry is recompiled
             return None
+        return built if isinstance(built, tuple) and len(built) == 2 else None  # older entries: no table
 
-    def _disk_put(self, key: str, index) -> None:
+    def _disk_put(self, key: str, built) -> None:
         path = self._disk_path(key)
         if path is None:
             return
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "wb") as f:
-            pickle.dump(index, f)
+            pickle.dump(built, f)
         os.replace(tmp, path)

@@ -1,7 +1,8 @@
 """Matcher: the per-request cursor over a CompiledGrammar.
 
 ``fill`` writes the allowed tokens of the current state into a bitmask row (a copy of
-the grammar's memoised per-state row: no allocation per token), ``advance`` consumes a
+the grammar's memoised per-state row: no allocation per token; under a token budget, only
+tokens after which the match can still complete in time), ``advance`` consumes a
 sampled token, ``forced`` lists tokens that must come next, ``rollback`` undoes steps.
 The state lives in an ``outlines_core.Guide`` (advance + rollback ~0.2 us), which also
 writes a state's mask the first time any request of the grammar reaches it.
@@ -25,7 +26,7 @@ _FORCED_LIMIT = 256
 class Matcher:
     """Per-request automaton state; cheap to create, not thread-safe."""
 
-    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback")
+    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced")
 
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 4096) -> None:
         self.grammar = grammar
@@ -35,17 +36,43 @@ class Matcher:
         self._terminated = False
         self._steps = 0  # tokens consumed (EOS included)
         self._max_rollback = max_rollback
+        self.budget_forced = False  # a token budget narrowed a mask at least once
 
     @property
     def state(self) -> int:
         return self._guide.get_state()
 
-    def fill(self, bitmask_row: torch.Tensor) -> None:
-        """Write allowed tokens into ``bitmask_row`` (int32 [ceil(size/32)]; bit i = token i)."""
+    def fill(self, bitmask_row: torch.Tensor, budget: int | None = None) -> None:
+        """Write allowed tokens into ``bitmask_row`` (int32 [ceil(size/32)]; bit i = token i).
+
+        ``budget``: tokens that may still be generated, this one included. Only tokens after which
+        a complete match fits in the rest are allowed (if none fits, those that get nearest).
+        """
         if self._terminated:
             bitmask_row.zero_()
             return
-        bitmask_row.copy_(self.grammar.state_mask(self._guide))
+        mask = None
+        if budget is not None:
+            limit = max(budget - 1, self.min_tokens() - 1)
+            mask = self.grammar.budget_mask(self._guide, limit)
+            self.budget_forced |= mask is not None
+        bitmask_row.copy_(mask if mask is not None else self.grammar.state_mask(self._guide))
+
+    def min_tokens(self) -> int:
+        """Fewest tokens that complete the match from here (EOS not counted; 0 once finished)."""
+        if self._terminated:
+            return 0
+        return self.grammar.min_tokens(self._guide.get_state())
+
+    def min_tokens_after(self, token_id: int) -> int | None:
+        """min_tokens() after ``token_id`` (not consumed), or None if the token is not allowed."""
+        if self._terminated:
+            return None
+        state = self._guide.get_state()
+        if token_id in self._eos:
+            return 0 if self.grammar.is_final(state) else None
+        following = self.grammar.index.get_next_state(state, token_id)
+        return None if following is None else self.grammar.min_tokens(following)
 
     def accepts(self, token_id: int) -> bool:
         """Whether ``token_id`` may come next."""
@@ -100,6 +127,10 @@ class Matcher:
     def finished(self) -> bool:
         """Whether the output so far is a complete match (EOS would be accepted)."""
         return self._terminated or self.grammar.is_final(self._guide.get_state())
+
+    def closed(self) -> bool:
+        """Whether stopping now leaves nothing cut (here: finished())."""
+        return self.finished()
 
     def is_terminated(self) -> bool:
         """EOS consumed, or nothing but EOS can come next."""

@@ -41,6 +41,8 @@ class ToolCallConstraint:
         self._history: list[tuple] = []
         self._eos_seen = False
         self.calls_opened = 0
+        self._call_min = block.min_tokens(block.initial_state) + len(tokens.close)  # a block and its close
+        self._budget_forced = False
         if required:
             self._set_forced(tokens.open, then=CALL)
         else:
@@ -75,30 +77,55 @@ class ToolCallConstraint:
             self._enter(AFTER if self.tokens.separator else DONE)
 
     # -- interface ------------------------------------------------------------------------------
-    def fill(self, row: torch.Tensor) -> None:
-        """row: int32 [W]; bit i set = token i allowed."""
+    def fill(self, row: torch.Tensor, budget: int | None = None) -> None:
+        """row: int32 [W]; bit i set = token i allowed. ``budget``: tokens left, this one included;
+        a call is only opened, and only continued, the way that closes it within the budget."""
+        left = None if budget is None else budget - 1  # tokens after this one
         if self._phase == CALL:
-            self._matcher.fill(row)
+            self._matcher.fill(row, None if budget is None else budget - len(self.tokens.close))
+            self._budget_forced |= self._matcher.budget_forced
             return
         if self._phase == TEXT:
             row.copy_(self.trigger.masks[self._kmp])
+            if left is not None and left < self._call_min:  # no room for a call: never open one
+                for token in self.trigger.arming(self._kmp):
+                    row[token >> 5] &= ~_bit(token & 31)
             if self._at_start and self._bare_start:
-                self._mask_bare_start(row)
+                self._mask_bare_start(row, left)
             return
         row.zero_()
         allowed = list(self.eos) if self._phase in (AFTER, DONE) else []
         if self._phase == FORCED:
             allowed = [self._pending[0]]
         elif self._phase == AFTER:
-            allowed.append(self.tokens.separator[0])
+            if left is None or left >= len(self.tokens.separator) - 1 + self._call_min:
+                allowed.append(self.tokens.separator[0])
+            else:
+                self._budget_forced = True  # no room for another call: the turn ends here
         for token in allowed:
             row[token >> 5] |= _bit(token & 31)
 
-    def _mask_bare_start(self, row: torch.Tensor) -> None:
-        """At the reply's start, a token opening with `{` must be the start of a valid call."""
+    def _mask_bare_start(self, row: torch.Tensor, left: int | None) -> None:
+        """At the reply's start, a token opening with `{` must be the start of a valid call (that
+        fits in the ``left`` tokens after it, if given)."""
+        close = len(self.tokens.close)
         for token in _brace_tokens(self.block.vocabulary):
-            if not self._matcher.accepts(token):
+            after = self._matcher.min_tokens_after(token)
+            if after is None or (left is not None and after + close > left):
                 row[token >> 5] &= ~_bit(token & 31)
+
+    def min_tokens(self) -> int:
+        """Fewest tokens that end the turn validly from here (0 where free text may simply stop)."""
+        if self._phase == FORCED:
+            return len(self._pending) + (self._call_min if self._then == CALL else 0)
+        if self._phase == CALL:
+            return self._matcher.min_tokens() + len(self.tokens.close)
+        return 0
+
+    @property
+    def budget_forced(self) -> bool:
+        """Whether a token budget narrowed a mask of a call (or ruled out a further call)."""
+        return self._budget_forced
 
     def advance(self, token_id: int) -> None:
         self._history.append(self._snapshot())
@@ -145,6 +172,11 @@ class ToolCallConstraint:
 
     def finished(self) -> bool:
         return self._phase in (TEXT, AFTER, DONE)
+
+    def closed(self) -> bool:
+        """Whether stopping now leaves nothing cut: every opened call is closed and at least one was
+        made (free text before any call may be cut, so TEXT is not closed)."""
+        return self._phase in (AFTER, DONE)
 
     def is_terminated(self) -> bool:
         return self._eos_seen or self._phase == DONE

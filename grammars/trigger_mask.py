@@ -26,6 +26,7 @@ class TriggerMasks:
         self.trigger_ids = frozenset(trigger_ids)  # tokens that are the whole trigger by themselves
         width = (vocabulary.size + 31) // 32
         self.masks = [self._mask(vocabulary, trigger, k, width) for k in range(len(trigger))]
+        self._arming: dict[int, tuple[int, ...]] = {}
 
     @staticmethod
     def _mask(vocabulary: TokenVocabulary, trigger: bytes, k: int, width: int) -> torch.Tensor:
@@ -41,6 +42,18 @@ class TriggerMasks:
             if 0 <= at and at + len(trigger) < len(text):
                 words[tid >> 5] &= ~np.uint32(1 << (tid & 31))
         return torch.from_numpy(words.view(np.int32))
+
+    def arming(self, state: int) -> tuple[int, ...]:
+        """The tokens that complete the trigger from ``state`` (each at its very end); memoised."""
+        tokens = self._arming.get(state)
+        if tokens is None:
+            prefix = self.trigger[:state]
+            tokens = tuple(sorted(self.trigger_ids | {
+                tid for tid, piece in self.vocabulary.token_bytes.items()
+                if (prefix + piece).endswith(self.trigger) and (prefix + piece).find(self.trigger)
+                == len(prefix + piece) - len(self.trigger)}))
+            self._arming[state] = tokens
+        return tokens
 
     def step(self, state: int, token_id: int) -> tuple[int, bool]:
         """(next state, armed) after token_id; special tokens other than the trigger reset to 0."""

@@ -54,9 +54,29 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> Prepared:
         constraint = await build_format_constraint(state, body)
     else:
         constraint, keep = await build_tool_constraint(state, body, choice)
+    _check_budget(constraint, budget, room)
     request = Request(prompt_ids=prompt_ids, params=body.sampling_params(budget or room), constraint=constraint,
                       keep_special_ids=keep)
     return Prepared(request, reads_tools=choice.mode != "none")
+
+
+def _check_budget(constraint, budget: int | None, room: int) -> None:
+    """A budget below the constraint's shortest valid output is a 400 stating that minimum."""
+    if constraint is None:
+        return
+    minimum = constraint.min_tokens()
+    if budget is not None and budget < minimum:
+        raise APIError(f"max_tokens is {budget}, but the shortest output valid under this request's "
+                       f"tool_choice/response_format is {minimum} tokens; ask for at least {minimum}",
+                       param="max_tokens", code="budget_too_small")
+    if budget is None and room < minimum:
+        raise APIError(f"the context leaves {room} tokens after the prompt, but the shortest output valid "
+                       f"under this request's tool_choice/response_format is {minimum} tokens; shorten "
+                       "the messages", param="messages", code="context_length_exceeded")
+
+
+def budget_forced(event: Event, constrained: bool) -> bool | None:
+    return event.budget_forced if constrained else None
 
 
 def usage_of(event: Event) -> Usage:
@@ -86,7 +106,8 @@ async def complete(state: ServerState, body: ChatCompletionRequest) -> ChatCompl
     return ChatCompletion(
         id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name,
         system_fingerprint=FINGERPRINT, usage=usage_of(last),
-        choices=[Choice(message=message, finish_reason=finish_reason(last, bool(calls)))])
+        choices=[Choice(message=message, finish_reason=finish_reason(last, bool(calls)),
+                        maskd_budget_forced=budget_forced(last, prepared.request.constraint is not None))])
 
 
 async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterator[str]:
@@ -97,8 +118,8 @@ async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterat
     head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name,
                 system_fingerprint=FINGERPRINT)
 
-    def chunk(delta: Delta, finish: str | None = None) -> str:
-        choice = ChunkChoice(delta=delta, finish_reason=finish)
+    def chunk(delta: Delta, finish: str | None = None, forced: bool | None = None) -> str:
+        choice = ChunkChoice(delta=delta, finish_reason=finish, maskd_budget_forced=forced)
         return ChatCompletionChunk(**head, choices=[choice]).model_dump_json(exclude_none=True)
 
     def deltas(text: str, final: bool) -> list[Delta]:
@@ -124,7 +145,8 @@ async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterat
             for delta in deltas(event.text, final=event.finish_reason is not None):
                 yield chunk(delta)
             if event.finish_reason:
-                yield chunk(Delta(), finish_reason(event, bool(reader and reader.names)))
+                yield chunk(Delta(), finish_reason(event, bool(reader and reader.names)),
+                            budget_forced(event, prepared.request.constraint is not None))
                 if include_usage:
                     yield ChatCompletionChunk(**head, choices=[], usage=usage_of(event)).model_dump_json()
         yield "[DONE]"

@@ -148,6 +148,7 @@ class Choice(BaseModel):
     message: ResponseMessage
     finish_reason: str | None
     logprobs: None = None
+    maskd_budget_forced: bool | None = None  # maskd: the token budget closed the output (README)
 
 
 class ChatCompletion(BaseModel):
@@ -171,6 +172,7 @@ class ChunkChoice(BaseModel):
     delta: Delta
     finish_reason: str | None = None
     logprobs: None = None
+    maskd_budget_forced: bool | None = None  # on the last chunk of a constrained request
 
 
 class ChatCompletionChunk(BaseModel):

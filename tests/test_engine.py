@@ -183,8 +183,16 @@ def test_forced_tokens_in_a_batch_give_the_constrained_text(tiny_model, smollm_t
 
 def test_a_constraint_that_fails_fails_only_its_own_request(engine, smollm_tokenizer):
     class Refuses:
-        def fill(self, row):
+        budget_forced = False
+
+        def fill(self, row, budget=None):
             pass
+
+        def closed(self):
+            return False
+
+        def min_tokens(self):
+            return 0
 
         def advance(self, token):
             raise ValueError("token refused")

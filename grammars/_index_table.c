@@ -1,0 +1,179 @@
+/* Distance table of an outlines-core token index, read straight from its serialised form.
+ *
+ * An outlines_core.Index pickles as bincode with variable-length integers: every field is an
+ * unsigned varint (< 251: one byte; 251/252/253: a u16/u32/u64 little-endian follows). Layout:
+ *   initial_state, n_finals, finals..., n_states, (state, n_tokens, (token, next_state)...)...,
+ *   eos_token_id, vocab_size
+ * Parsing 20M transitions here takes ~0.2 s; outlines-core's get_transitions() takes ~5 s and
+ * gigabytes of Python objects for the same index.
+ *
+ * index_table() computes, for every state, the fewest tokens that reach a final state (a BFS
+ * backwards from the finals); the distance of its farthest successor; the most common distance
+ * among its successors (the mode: inside a JSON string, that of the ~48k tokens that stay in the
+ * string); and its "odd" tokens, those whose successor's distance differs from the mode. Under a
+ * token budget a state's mask is then its full mask minus odd tokens, or odd tokens alone.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t n_states, n_trans, n_odd;
+    uint32_t initial;
+    uint32_t *keys;      /* [n_states] state ids, in serialised order */
+    int32_t *dist;       /* [n_states] fewest tokens to a final state; -1 if none is reachable */
+    int32_t *far;        /* [n_states] distance of the state's farthest successor (-1: none) */
+    int32_t *mode;       /* [n_states] the most common distance among its successors */
+    int64_t *odd_off;    /* [n_states + 1] CSR offsets into odd_tok / odd_dist */
+    int32_t *odd_tok;    /* [n_odd] tokens whose successor's distance is not the mode */
+    int32_t *odd_dist;   /* [n_odd] distance of the state the token leads to */
+} index_table_t;
+
+typedef struct { const uint8_t *p, *end; int err; } reader_t;
+
+static uint64_t rd(reader_t *r) {
+    if (r->p >= r->end) { r->err = 1; return 0; }
+    uint8_t b = *r->p++;
+    if (b < 251) return b;
+    int n = b == 251 ? 2 : b == 252 ? 4 : b == 253 ? 8 : 0;
+    if (n == 0 || r->p + n > r->end) { r->err = 1; return 0; }
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint64_t)r->p[i] << (8 * i);
+    r->p += n;
+    return v;
+}
+
+void index_table_free(index_table_t *t) {
+    free(t->keys); free(t->dist); free(t->far); free(t->mode); free(t->odd_off); free(t->odd_tok); free(t->odd_dist);
+    memset(t, 0, sizeof *t);
+}
+
+/* 0 on success; -1 malformed input, -2 out of memory, -3 state ids too large. */
+int index_table(const uint8_t *buf, int64_t size, index_table_t *out) {
+    memset(out, 0, sizeof *out);
+    reader_t r = {buf, buf + size, 0};
+    uint64_t initial = rd(&r), n_finals = rd(&r);
+    const uint8_t *finals_at = r.p;
+    for (uint64_t i = 0; i < n_finals && !r.err; i++) rd(&r);
+    uint64_t n_states = rd(&r);
+    if (r.err || n_states == 0 || n_states > (uint64_t)size) return -1;
+    const uint8_t *states_at = r.p;
+
+    /* pass 1: sizes and the largest state id */
+    uint64_t n_trans = 0, max_id = initial;
+    for (uint64_t s = 0; s < n_states && !r.err; s++) {
+        uint64_t key = rd(&r), n = rd(&r);
+        if (key > max_id) max_id = key;
+        for (uint64_t j = 0; j < n && !r.err; j++) {
+            rd(&r);
+            uint64_t next = rd(&r);
+            if (next > max_id) max_id = next;
+        }
+        n_trans += n;
+    }
+    if (r.err) return -1;
+    if (max_id > 0x7fffffffULL) return -3;
+
+    int rc = -2;
+    int32_t *dense = malloc((max_id + 1) * sizeof *dense);
+    int64_t *off = malloc((n_states + 1) * sizeof *off);
+    int32_t *tok = malloc((n_trans + 1) * sizeof *tok), *nxt = malloc((n_trans + 1) * sizeof *nxt);
+    int64_t *rev_off = calloc(n_states + 1, sizeof *rev_off);
+    int32_t *rev = malloc((n_trans + 1) * sizeof *rev), *queue = malloc(n_states * sizeof *queue);
+    out->keys = malloc(n_states * sizeof *out->keys);
+    out->dist = malloc(n_states * sizeof *out->dist);
+    out->far = malloc(n_states * sizeof *out->far);
+    out->mode = malloc(n_states * sizeof *out->mode);
+    out->odd_off = calloc(n_states + 1, sizeof *out->odd_off);
+    if (!dense || !off || !tok || !nxt || !rev_off || !rev || !queue || !out->keys || !out->dist
+        || !out->far || !out->mode
+        || !out->odd_off) goto done;
+    memset(dense, 0xff, (max_id + 1) * sizeof *dense);
+
+    /* pass 2: transitions, with next states as dense indices */
+    r.p = states_at;
+    off[0] = 0;
+    for (uint64_t s = 0; s < n_states; s++) {
+        uint64_t key = rd(&r), n = rd(&r);
+        out->keys[s] = (uint32_t)key;
+        dense[key] = (int32_t)s;
+        for (uint64_t j = 0; j < n; j++) {
+            tok[off[s] + j] = (int32_t)rd(&r);
+            nxt[off[s] + j] = (int32_t)rd(&r); /* a state id for now */
+        }
+        off[s + 1] = off[s] + n;
+    }
+    rc = -1;
+    for (uint64_t k = 0; k < n_trans; k++) {
+        if ((nxt[k] = dense[nxt[k]]) < 0) goto done; /* a next state with no entry of its own */
+    }
+
+    /* reverse adjacency (CSR), then BFS from the finals */
+    for (uint64_t k = 0; k < n_trans; k++) rev_off[nxt[k] + 1]++;
+    for (uint64_t s = 0; s < n_states; s++) rev_off[s + 1] += rev_off[s];
+    {
+        int64_t *fill = malloc((n_states + 1) * sizeof *fill);
+        if (!fill) { rc = -2; goto done; }
+        memcpy(fill, rev_off, (n_states + 1) * sizeof *fill);
+        for (uint64_t s = 0; s < n_states; s++)
+            for (int64_t k = off[s]; k < off[s + 1]; k++) rev[fill[nxt[k]]++] = (int32_t)s;
+        free(fill);
+    }
+    for (uint64_t s = 0; s < n_states; s++) out->dist[s] = -1;
+    int64_t head = 0, tail = 0;
+    r.p = finals_at;
+    for (uint64_t i = 0; i < n_finals; i++) {
+        uint64_t f = rd(&r);
+        if (f > max_id || dense[f] < 0) continue; /* a final state no transition mentions */
+        if (out->dist[dense[f]] < 0) { out->dist[dense[f]] = 0; queue[tail++] = dense[f]; }
+    }
+    while (head < tail) {
+        int32_t u = queue[head++];
+        for (int64_t k = rev_off[u]; k < rev_off[u + 1]; k++) {
+            int32_t s = rev[k];
+            if (out->dist[s] < 0) { out->dist[s] = out->dist[u] + 1; queue[tail++] = s; }
+        }
+    }
+
+    /* per state: the farthest and the most common successor distance, then the odd tokens */
+    int32_t max_dist = 0;
+    for (uint64_t s = 0; s < n_states; s++) if (out->dist[s] > max_dist) max_dist = out->dist[s];
+    int32_t *count = calloc((size_t)max_dist + 1, sizeof *count);
+    if (!count) { rc = -2; goto done; }
+    int64_t n_odd = 0;
+    for (uint64_t s = 0; s < n_states; s++) {
+        int32_t far = -1, mode = -1, most = 0;
+        for (int64_t k = off[s]; k < off[s + 1]; k++) {
+            int32_t d = out->dist[nxt[k]];
+            if (d > far) far = d;
+            if (d >= 0 && ++count[d] > most) { most = count[d]; mode = d; }
+        }
+        for (int64_t k = off[s]; k < off[s + 1]; k++)
+            if (out->dist[nxt[k]] >= 0) count[out->dist[nxt[k]]] = 0;
+        for (int64_t k = off[s]; k < off[s + 1]; k++)
+            if (out->dist[nxt[k]] >= 0 && out->dist[nxt[k]] != mode) n_odd++;
+        out->far[s] = far;
+        out->mode[s] = mode;
+    }
+    free(count);
+    out->odd_tok = malloc((n_odd + 1) * sizeof *out->odd_tok);
+    out->odd_dist = malloc((n_odd + 1) * sizeof *out->odd_dist);
+    if (!out->odd_tok || !out->odd_dist) { rc = -2; goto done; }
+    n_odd = 0;
+    for (uint64_t s = 0; s < n_states; s++) {
+        for (int64_t k = off[s]; k < off[s + 1]; k++) {
+            int32_t d = out->dist[nxt[k]];
+            if (d >= 0 && d != out->mode[s]) { out->odd_tok[n_odd] = tok[k]; out->odd_dist[n_odd++] = d; }
+        }
+        out->odd_off[s + 1] = n_odd;
+    }
+    out->n_states = (int64_t)n_states;
+    out->n_trans = (int64_t)n_trans;
+    out->n_odd = n_odd;
+    out->initial = (uint32_t)initial;
+    rc = 0;
+done:
+    free(dense); free(off); free(tok); free(nxt); free(rev_off); free(rev); free(queue);
+    if (rc) index_table_free(out);
+    return rc;
+}

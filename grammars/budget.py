@@ -1,0 +1,186 @@
+"""Token budgets: how few tokens each state of a compiled grammar needs to reach acceptance.
+
+``BudgetTable`` holds, for every state of an outlines-core index, ``distance`` (the fewest tokens
+that reach a final state: a BFS backwards from the finals over the token-level transitions). With
+``n`` tokens left after the current one, a token is allowed iff the state it leads to has distance
+<= n. To build that mask without walking every token, the table also keeps per state ``far`` (the
+farthest successor's distance: n >= far rules nothing out), ``mode`` (the most common successor
+distance; inside a JSON string, that of the ~48k tokens that stay in the string) and the *odd*
+tokens whose successor distance is not the mode: a budget mask is the state's full mask minus odd
+tokens (n >= mode) or the odd tokens alone (n < mode).
+
+The table is built once per grammar at compile time (in the compile worker) and cached with it.
+Reading 20M transitions through ``Index.get_transitions()`` takes seconds and gigabytes of Python
+objects, so the table is computed by a small C routine (``_index_table.c``) straight from the
+index's serialised form; it is compiled with the system C compiler on first use and cached. Where
+no compiler is available, a pure-Python path over ``get_transitions()`` gives the same table,
+slowly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter, deque
+
+import numpy as np
+
+log = logging.getLogger("maskd.grammars")
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_index_table.c")
+
+
+class BudgetTable:
+    """Per-state distances to acceptance and odd tokens of one index (immutable, picklable)."""
+
+    __slots__ = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist", "_dense")
+
+    def __init__(self, keys, distance, far, mode, odd_off, odd_tok, odd_dist) -> None:
+        self.keys = np.asarray(keys, dtype=np.uint32)  # [S] state ids
+        self.distance = np.asarray(distance, dtype=np.int32)  # [S]; -1: no final state reachable
+        self.far = np.asarray(far, dtype=np.int32)  # [S] farthest successor's distance
+        self.mode = np.asarray(mode, dtype=np.int32)  # [S] most common successor distance
+        self.odd_off = np.asarray(odd_off, dtype=np.int64)  # [S + 1]
+        self.odd_tok = np.asarray(odd_tok, dtype=np.int32)  # [T] successor distance != mode
+        self.odd_dist = np.asarray(odd_dist, dtype=np.int32)  # [T]
+        self._dense = {int(k): i for i, k in enumerate(self.keys)}
+
+    def __getstate__(self):
+        return (self.keys, self.distance, self.far, self.mode, self.odd_off, self.odd_tok, self.odd_dist)
+
+    def __setstate__(self, state) -> None:
+        self.__init__(*state)
+
+    def distance_of(self, state: int) -> int:
+        """Fewest tokens from ``state`` to a final state (0 in a final state)."""
+        return int(self.distance[self._dense[state]])
+
+    def restriction(self, state: int, limit: int) -> tuple[str, np.ndarray] | None:
+        """Which tokens of ``state`` a budget of ``limit`` tokens after this one rules in or out.
+
+        None: none ruled out. ("drop", ids): the state's tokens except ids. ("only", ids): ids alone.
+        """
+        i = self._dense[state]
+        if limit >= self.far[i]:
+            return None
+        lo, hi = self.odd_off[i], self.odd_off[i + 1]
+        tokens, dist = self.odd_tok[lo:hi], self.odd_dist[lo:hi]
+        if limit >= self.mode[i]:
+            return "drop", tokens[dist > limit]
+        return "only", tokens[dist <= limit]
+
+
+def build_budget_table(index) -> BudgetTable:
+    """The BudgetTable of an ``outlines_core.Index`` (C path, or the slow Python path)."""
+    library = _library()
+    if library is None:
+        return budget_table_from_transitions(index)
+    blob = index.__reduce__()[1][0]  # bincode bytes, as pickle would write them
+    table = _Table()
+    rc = library.index_table(blob, len(blob), ctypes.byref(table))
+    if rc != 0:
+        log.warning("index_table failed (%d); using the Python path", rc)
+        return budget_table_from_transitions(index)
+    try:
+        s, t = table.n_states, table.n_odd
+        return BudgetTable(
+            _copy(table.keys, s, np.uint32), _copy(table.dist, s, np.int32), _copy(table.far, s, np.int32),
+            _copy(table.mode, s, np.int32), _copy(table.odd_off, s + 1, np.int64),
+            _copy(table.odd_tok, t, np.int32), _copy(table.odd_dist, t, np.int32))
+    finally:
+        library.index_table_free(ctypes.byref(table))
+
+
+def budget_table_from_transitions(index) -> BudgetTable:
+    """The same table through ``get_transitions()`` (reference and fallback; slow on big indexes)."""
+    transitions = index.get_transitions()
+    keys = list(transitions)
+    dense = {k: i for i, k in enumerate(keys)}
+    incoming: list[list[int]] = [[] for _ in keys]
+    for s, row in transitions.items():
+        for nxt in row.values():
+            incoming[dense[nxt]].append(dense[s])
+    distance = [-1] * len(keys)
+    queue = deque()
+    for f in index.get_final_states():
+        if f in dense and distance[dense[f]] < 0:
+            distance[dense[f]] = 0
+            queue.append(dense[f])
+    while queue:
+        u = queue.popleft()
+        for s in incoming[u]:
+            if distance[s] < 0:
+                distance[s] = distance[u] + 1
+                queue.append(s)
+    far, mode, off, tok, dist = [], [], [0], [], []
+    for s, row in transitions.items():
+        ds = {t: distance[dense[n]] for t, n in row.items()}
+        far.append(max(ds.values(), default=-1))
+        counts = Counter(d for d in ds.values() if d >= 0)
+        common = max(counts, key=lambda d: (counts[d], -d), default=-1)  # ties: the nearer distance
+        mode.append(common)
+        for t, d in ds.items():
+            if d >= 0 and d != common:
+                tok.append(t)
+                dist.append(d)
+        off.append(len(tok))
+    return BudgetTable(keys, distance, far, mode, off, tok, dist)
+
+
+class _Table(ctypes.Structure):
+    _fields_ = [
+        ("n_states", ctypes.c_int64), ("n_trans", ctypes.c_int64), ("n_odd", ctypes.c_int64),
+        ("initial", ctypes.c_uint32),
+        ("keys", ctypes.POINTER(ctypes.c_uint32)), ("dist", ctypes.POINTER(ctypes.c_int32)),
+        ("far", ctypes.POINTER(ctypes.c_int32)), ("mode", ctypes.POINTER(ctypes.c_int32)),
+        ("odd_off", ctypes.POINTER(ctypes.c_int64)), ("odd_tok", ctypes.POINTER(ctypes.c_int32)),
+        ("odd_dist", ctypes.POINTER(ctypes.c_int32)),
+    ]
+
+
+def _copy(pointer, n: int, dtype) -> np.ndarray:
+    if n == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.ctypeslib.as_array(pointer, shape=(n,)).astype(dtype, copy=True)
+
+
+_LIBRARY: list = []  # [] not tried yet; [None] unavailable; [CDLL]
+
+
+def _library():
+    if not _LIBRARY:
+        _LIBRARY.append(_load())
+    return _LIBRARY[0]
+
+
+def _load():
+    """Compile _index_table.c once per source version into the cache dir, then load it."""
+    with open(_SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    for folder in (os.environ.get("MASKD_CACHE_DIR") or os.path.expanduser("~/.cache/maskd"),
+                   tempfile.gettempdir()):
+        path = os.path.join(folder, f"index_table-{digest}-{sys.platform}.so")
+        try:
+            if not os.path.exists(path):
+                os.makedirs(folder, exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                compiler = os.environ.get("CC", "cc")
+                subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", tmp, _SOURCE], check=True,
+                               capture_output=True, timeout=120)
+                os.replace(tmp, path)
+            library = ctypes.CDLL(path)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("could not build %s in %s (%s)", os.path.basename(_SOURCE), folder, exc)
+            continue
+        library.index_table.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(_Table)]
+        library.index_table.restype = ctypes.c_int
+        library.index_table_free.argtypes = [ctypes.POINTER(_Table)]
+        library.index_table_free.restype = None
+        return library
+    log.warning("no C compiler: budget tables are built through get_transitions() (slow on big grammars)")
+    return None

@@ -1,0 +1,205 @@
+"""Budget-aware decoding: the distance table against brute force, and outputs that close in budget."""
+
+import json
+import random
+from collections import deque
+
+import jsonschema
+import numpy as np
+import outlines_core
+import pytest
+import torch
+
+from grammars import GrammarCompiler, TokenVocabulary
+from grammars.budget import build_budget_table, budget_table_from_transitions
+from grammars.compiled_grammar import CompiledGrammar
+from test_tool_constraint import allowed, check_calls, make
+
+SMALL_TOKENS = ["a", "b", "c", "ab", "bc", "abc", "{", "}", '"', '{"', '"}', "1", "12", ",", ":"]
+SMALL_REGEXES = [r"a{3,7}", r"(ab|c)*abc", r"\{\"[abc]{0,4}\"(,[12]{1,3})?\}", r"(a|bc)+c?", r"[abc]{2}:[12]+"]
+SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "days", "tags"], "additionalProperties": False}
+
+
+def small_index(regex):
+    eos = len(SMALL_TOKENS)
+    vocabulary = outlines_core.Vocabulary(eos, {t: [i] for i, t in enumerate(SMALL_TOKENS)})
+    return outlines_core.Index(regex, vocabulary), eos
+
+
+def brute_force_distance(index, eos):
+    """Fewest tokens to a final state from each state, by forward BFS over every token from every state."""
+    states, queue = {index.get_initial_state()}, deque([index.get_initial_state()])
+    while queue:
+        s = queue.popleft()
+        for t in range(eos):
+            n = index.get_next_state(s, t)
+            if n is not None and n not in states:
+                states.add(n)
+                queue.append(n)
+    out = {}
+    for start in states:
+        seen, frontier, depth = {start}, [start], 0
+        while frontier and not any(index.is_final_state(s) for s in frontier):
+            depth += 1
+            frontier = [n for s in frontier for t in range(eos)
+                        if (n := index.get_next_state(s, t)) is not None and n not in seen and not seen.add(n)]
+        out[start] = depth if frontier else -1
+    return out
+
+
+@pytest.mark.parametrize("regex", SMALL_REGEXES)
+def test_distance_table_matches_brute_force(regex):
+    index, eos = small_index(regex)
+    expected = brute_force_distance(index, eos)
+    for table in (build_budget_table(index), budget_table_from_transitions(index)):
+        assert {s: table.distance_of(s) for s in expected} == expected
+
+
+@pytest.mark.parametrize("regex", SMALL_REGEXES)
+def test_budget_restriction_keeps_exactly_the_tokens_that_still_fit(regex):
+    index, eos = small_index(regex)
+    distance = brute_force_distance(index, eos)
+    table = build_budget_table(index)
+    for state in distance:
+        allowed_tokens = {t for t in range(eos) if index.get_next_state(state, t) is not None}
+        for limit in range(0, 12):
+            fits = {t for t in allowed_tokens if 0 <= distance[index.get_next_state(state, t)] <= limit}
+            rule = table.restriction(state, limit)
+            if rule is None:
+                assert fits == allowed_tokens
+            else:
+                kind, ids = rule
+                got = allowed_tokens - set(ids.tolist()) if kind == "drop" else set(ids.tolist())
+                assert got == fits, (state, limit)
+
+
+def test_c_table_equals_python_table_on_a_real_schema(compiler):
+    grammar = compiler.compile_json_schema(SCHEMA)
+    fast, slow = grammar.budget, budget_table_from_transitions(grammar.index)
+    order, order_slow = np.argsort(fast.keys), np.argsort(slow.keys)
+    assert (fast.keys[order] == slow.keys[order_slow]).all()
+    assert (fast.distance[order] == slow.distance[order_slow]).all()
+    assert grammar.min_tokens(grammar.initial_state) > 5
+
+
+@pytest.fixture(scope="module")
+def vocab(smollm_tokenizer):
+    return TokenVocabulary.from_tokenizer(smollm_tokenizer, 49152)
+
+
+@pytest.fixture(scope="module")
+def compiler(vocab):
+    with GrammarCompiler(vocab, timeout_s=60) as c:
+        yield c
+
+
+def rigged_logits(rng, vocab_size, favour):
+    """Random logits that favour tokens which keep a string going (the budget must do the closing)."""
+    logits = torch.tensor(np.random.default_rng(rng.randrange(1 << 30)).normal(size=vocab_size), dtype=torch.float32)
+    logits[favour] += 6.0
+    return logits
+
+
+def decode_within(constraint, budget, rng, favour, size=49152):
+    """Samples under the constraint's masks with `budget` tokens, taking forced tokens as the engine does."""
+    ids = []
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    while len(ids) < budget and not constraint.is_terminated():
+        forced = constraint.forced()
+        if forced:
+            for token in forced[:budget - len(ids)]:
+                constraint.advance(token)
+                ids.append(token)
+            continue
+        constraint.fill(row, budget - len(ids))
+        bits = ((row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:size].bool()
+        assert bits.any(), "a budget mask must allow some token"
+        logits = rigged_logits(rng, size, favour).masked_fill(~bits, float("-inf"))
+        token = int(torch.argmax(logits))
+        constraint.advance(token)
+        ids.append(token)
+    return ids
+
+
+@pytest.mark.parametrize("slack", [0, 1, 5, 20])
+def test_json_schema_output_closes_within_the_budget(compiler, smollm_tokenizer, slack):
+    grammar = compiler.compile_json_schema(SCHEMA)
+    minimum = grammar.min_tokens(grammar.initial_state)
+    favour = smollm_tokenizer.encode("abcdefgh 12345", add_special_tokens=False)
+    rng = random.Random(slack)
+    for _ in range(3):
+        matcher = grammar.matcher()
+        ids = decode_within(matcher, minimum + slack, rng, favour)
+        assert len(ids) <= minimum + slack
+        assert matcher.closed(), "the budget ran out before the JSON closed"
+        data = json.loads(smollm_tokenizer.decode([t for t in ids if t != 2]))
+        jsonschema.validate(data, SCHEMA)
+        assert matcher.budget_forced or slack == 20
+
+
+def test_without_a_budget_the_same_rigging_runs_long(compiler, smollm_tokenizer):
+    grammar = compiler.compile_json_schema(SCHEMA)
+    minimum = grammar.min_tokens(grammar.initial_state)
+    favour = smollm_tokenizer.encode("abcdefgh 12345", add_special_tokens=False)
+    matcher = grammar.matcher()
+    row = torch.zeros(1536, dtype=torch.int32)
+    rng = random.Random(0)
+    for _ in range(minimum + 5):  # no budget passed: nothing makes it close
+        matcher.fill(row)
+        bits = ((row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:49152].bool()
+        matcher.advance(int(torch.argmax(rigged_logits(rng, 49152, favour).masked_fill(~bits, float("-inf")))))
+    assert not matcher.finished() and not matcher.budget_forced
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json", "mistral"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_required_tool_call_closes_within_the_budget(compiler, vocab, smollm_tokenizer, fmt, parallel):
+    favour = smollm_tokenizer.encode("abcdefgh 12345", add_special_tokens=False)
+    rng = random.Random(11)
+    for slack in (0, 3, 12):
+        constraint = make(compiler, vocab, smollm_tokenizer, fmt=fmt, parallel=parallel)
+        minimum = constraint.min_tokens()
+        ids = decode_within(constraint, minimum + slack, rng, favour)
+        assert constraint.closed(), (fmt, slack)
+        check_calls(fmt, smollm_tokenizer.decode([t for t in ids if t != 2]), parallel)
+
+
+def test_auto_mode_does_not_open_a_call_it_cannot_close(compiler, vocab, smollm_tokenizer):
+    constraint = make(compiler, vocab, smollm_tokenizer, mode="auto", parallel=False)
+    for token in smollm_tokenizer.encode("Let me check.\n", add_special_tokens=False):
+        constraint.advance(token)
+    opener = smollm_tokenizer.encode("<tool_call>", add_special_tokens=False)
+    for token in opener[:-1]:
+        constraint.advance(token)
+    last = opener[-1]
+    call_min = constraint._call_min
+    row = torch.zeros(1536, dtype=torch.int32)
+    constraint.fill(row, budget=call_min)  # this token plus call_min - 1: one short of a call
+    assert not (int(row[last >> 5]) >> (last & 31)) & 1
+    constraint.fill(row, budget=call_min + 1)
+    assert (int(row[last >> 5]) >> (last & 31)) & 1
+    assert last in allowed(constraint)
+
+
+def test_parallel_calls_stop_opening_when_no_further_call_fits(compiler, vocab, smollm_tokenizer):
+    constraint = make(compiler, vocab, smollm_tokenizer, fmt="hermes", parallel=True)
+    rng = random.Random(2)
+    while not constraint.closed():  # one whole call, sampled uniformly
+        forced = constraint.forced()
+        for token in forced or [rng.choice(sorted(allowed(constraint)))]:
+            constraint.advance(token)
+    separator = constraint.tokens.separator[0]
+    row = torch.zeros(1536, dtype=torch.int32)
+    constraint.fill(row, budget=3)
+    assert not (int(row[separator >> 5]) >> (separator & 31)) & 1 and constraint.budget_forced
+    assert (int(row[2 >> 5]) >> 2) & 1  # EOS still ends the turn
+
+
+def test_a_grammar_built_without_a_table_builds_its_own(compiler):
+    grammar = compiler.compile_json_schema(SCHEMA)
+    bare = CompiledGrammar(grammar.index, grammar.regex, grammar.vocabulary, "k")
+    assert bare.min_tokens(bare.initial_state) == grammar.min_tokens(grammar.initial_state)
