@@ -1,10 +1,17 @@
 """JSON schema -> regex, refusing keywords the regex would silently not enforce.
 
 ``outlines_core`` turns a schema into a regex but ignores some validation keywords
-(``minimum``, ``uniqueItems``, ``not``, ...): the output would then match the regex and
+(``uniqueItems``, ``not``, ``multipleOf``, ...): the output would then match the regex and
 still be invalid against the schema.  ``schema_to_regex`` walks the schema first and
 raises ``UnsupportedSchemaError`` naming the keyword and its JSON path.  Pass
 ``ignore_keywords`` to accept such schemas knowingly (the keyword is then not enforced).
+
+Numeric bounds (``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``, draft-4
+boolean exclusives too) are enforced by maskd itself (numeric_bounds.py): on a node of type
+``integer`` or ``number`` (alone, or in a type list) they become an exact range regex, and
+next to ``enum``/``const`` they filter the values.  Bounded numbers are generated without
+exponents (except when every bound is 0).  Bounds next to ``multipleOf``, ``anyOf``,
+``$ref``, ... or on a node without ``type`` are still refused.
 
 Whitespace is compact by default (``""``: no whitespace between JSON tokens), so the
 regex has one canonical form per value and no unbounded whitespace runs to loop in.
@@ -26,9 +33,12 @@ from outlines_core.json_schema import (
 )
 
 from grammars.errors import GrammarError, UnsupportedSchemaError
+from grammars.numeric_bounds import bound_numbers, fill_placeholders
 from grammars.schema_normalizer import normalize_schema
 
 COMPACT_WHITESPACE = ""
+_BOUNDS_LEFT = ("numeric bounds are enforced only on a node with a type and without "
+                "multipleOf/anyOf/oneOf/allOf/$ref/not/if next to them")
 
 # Keyword -> why it is refused (each verified to be ignored by outlines-core 0.2.14).
 UNSUPPORTED_KEYWORDS: dict[str, str] = {
@@ -48,10 +58,11 @@ UNSUPPORTED_KEYWORDS: dict[str, str] = {
     "minContains": "ignored together with contains",
     "maxContains": "ignored together with contains",
     "multipleOf": "divisibility is ignored",
-    "minimum": "numeric bounds are ignored",
-    "maximum": "numeric bounds are ignored",
-    "exclusiveMinimum": "numeric bounds are ignored",
-    "exclusiveMaximum": "numeric bounds are ignored",
+    # Bounds left after numeric_bounds.bound_numbers has enforced the ones it can:
+    "minimum": _BOUNDS_LEFT,
+    "maximum": _BOUNDS_LEFT,
+    "exclusiveMinimum": _BOUNDS_LEFT,
+    "exclusiveMaximum": _BOUNDS_LEFT,
     "$dynamicRef": "dynamic references are not resolved",
     "$recursiveRef": "recursive references are not resolved",
 }
@@ -96,7 +107,7 @@ def check_schema(schema: dict, ignore_keywords: Iterable[str] = ()) -> None:
             f"a JSON schema must be an object (or true/false), got {type(schema).__name__}; "
             f"send the schema as a JSON object"
         )
-    _check(schema, "", frozenset(ignore_keywords))
+    _check(bound_numbers(schema)[0], "", frozenset(ignore_keywords))  # bounds it enforces are fine
 
 
 def schema_to_regex(
@@ -116,10 +127,11 @@ def schema_to_regex(
         except json.JSONDecodeError as e:
             raise GrammarError(f"the JSON schema is not valid JSON ({e}); fix its syntax") from None
     check_schema(schema, ignore_keywords)
+    schema, numbers = bound_numbers(schema)
     ws = COMPACT_WHITESPACE if whitespace is None else whitespace
     normalized = normalize_schema(schema)
     try:
-        return build_regex_from_schema(json.dumps(normalized), ws)
+        return fill_placeholders(build_regex_from_schema(json.dumps(normalized), ws), numbers)
     except ValueError as e:
         msg = str(e).split("\n")[0]
         if msg.startswith("Format ") and "not supported" in msg:

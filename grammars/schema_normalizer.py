@@ -20,12 +20,12 @@ Works around three outlines-core 0.2.14 behaviours found on MaskBench:
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from grammars.errors import UnsupportedSchemaError
 
 ANY_VALUE = {"type": ["string", "number", "boolean", "null", "object", "array"]}
-_ANNOTATIONS = {"title", "description", "examples", "example", "default", "$comment",
+ANNOTATIONS = {"title", "description", "examples", "example", "default", "$comment",
                 "deprecated", "readOnly", "writeOnly", "$schema", "$id", "id"}
 _JSON_CHAR = r'[^"\\\x00-\x1F\x7F-\x9F]'  # one unescaped JSON string character
 _STRING_CHAR = rf'(?:{_JSON_CHAR}|\\["\\/bfnrt])'
@@ -115,25 +115,30 @@ def _string_node(node: dict, path: str) -> dict:
     return node
 
 
-def normalize_schema(node: Any, path: str = "") -> Any:
-    """A copy of ``node`` with the rewrites above applied at every sub-schema."""
-    if node is True or (isinstance(node, dict) and set(node) <= _ANNOTATIONS):
-        return dict(ANY_VALUE)
-    if not isinstance(node, dict):
-        return node
+def map_subschemas(node: dict, path: str, fn: Callable[[Any, str], Any]) -> dict:
+    """A shallow copy of ``node`` with ``fn(sub, sub_path)`` applied to each direct sub-schema
+    (the places outlines-core reads schemas from)."""
     out = {}
     for key, value in node.items():
         sub = f"{path}/{key}"
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            out[key] = {k: normalize_schema(v, f"{sub}/{k}") for k, v in value.items()}
-        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(value, list):
-            out[key] = [normalize_schema(v, f"{sub}/{i}") for i, v in enumerate(value)]
-        elif key == "items" and isinstance(value, list):
-            out[key] = [normalize_schema(v, f"{sub}/{i}") for i, v in enumerate(value)]
+            out[key] = {k: fn(v, f"{sub}/{k}") for k, v in value.items()}
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems", "items") and isinstance(value, list):
+            out[key] = [fn(v, f"{sub}/{i}") for i, v in enumerate(value)]
         elif key in ("items", "additionalProperties") and (isinstance(value, dict) or value is True):
-            out[key] = normalize_schema(value, sub)
+            out[key] = fn(value, sub)
         else:
             out[key] = value
+    return out
+
+
+def normalize_schema(node: Any, path: str = "") -> Any:
+    """A copy of ``node`` with the rewrites above applied at every sub-schema."""
+    if node is True or (isinstance(node, dict) and set(node) <= ANNOTATIONS):
+        return dict(ANY_VALUE)
+    if not isinstance(node, dict):
+        return node
+    out = map_subschemas(node, path, normalize_schema)
     if out.get("format") in FORMAT_PATTERNS and "pattern" not in out:
         out["pattern"] = FORMAT_PATTERNS[out.pop("format")]
         return out  # already anchored and JSON-safe
