@@ -1,6 +1,6 @@
 """Tool-call validity over MaskBench's BFCL function schemas, with the embedded model.
 
-    python benchmarks/tool_bench.py [--limit N] [--max-tokens 200]
+    python benchmarks/tool_bench.py [--stride K] [--limit N] [--max-tokens 200] [--concurrency C]
 
 Each BFCL schema is {"<function name>": <parameters>}: it is sent as one tool through maskd's chat
 path (the same code the HTTP routes run: prompt rendering, grammar, engine, parsing), once with
@@ -53,7 +53,7 @@ def functions_of(schema: dict) -> dict[str, dict]:
 
 
 def check(calls: list[tuple[str, str]], finish: str, functions: dict[str, dict]) -> str:
-    """'valid', or what was wrong. Output cut by max_tokens is counted apart: issue 6's subject."""
+    """'valid', or what was wrong. Output cut by max_tokens (budget-aware decoding now closes calls) counts apart."""
     if finish == "length":
         return "cut_by_max_tokens"
     if not calls:
@@ -80,7 +80,7 @@ async def run_one(state: ServerState, functions: dict[str, dict], mode: str, str
         reply = await chat.complete(state, body)
         message = reply.choices[0].message
         calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
-        return calls, reply.choices[0].finish_reason
+        return calls, reply.choices[0].finish_reason, reply.choices[0].maskd_budget_forced
     calls: dict[int, list[str]] = {}
     finish = None
     async for payload in await chat.stream(state, body):
@@ -93,26 +93,30 @@ async def run_one(state: ServerState, functions: dict[str, dict], mode: str, str
                 entry[0] += delta["function"].get("name") or ""
                 entry[1] += delta["function"].get("arguments") or ""
             finish = choice.get("finish_reason") or finish
-    return [tuple(calls[i]) for i in sorted(calls)], finish
+    return [tuple(calls[i]) for i in sorted(calls)], finish, None
 
 
-async def bench(state: ServerState, rows: list[dict], max_tokens: int) -> dict:
+async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurrency: int) -> dict:
     outcome = {"refused": {}, "required": {}, "required_stream": {}, "auto": {}, "stream_equal": 0,
-               "length_cut": 0, "seconds": []}
-    for i, row in enumerate(rows):
+               "length_cut": 0, "budget_forced": 0, "seconds": []}
+    gate = asyncio.Semaphore(concurrency)  # schemas in flight at once (the engine batches them)
+
+    async def one(i: int, row: dict) -> None:
         functions = functions_of(row["schema"])
         name = next(iter(functions))
-        started = time.perf_counter()
-        try:
-            whole, finish = await run_one(state, functions, "required", False, max_tokens, i)
-        except APIError as exc:
-            key = exc.code or "error"
-            outcome["refused"][key] = outcome["refused"].get(key, 0) + 1
-            print(f"{i:4} {name[:40]:40} refused: {exc.message[:80]}")
-            continue
-        streamed, stream_finish = await run_one(state, functions, "required", True, max_tokens, i)
-        auto, auto_finish = await run_one(state, functions, "auto", False, max_tokens, i)
+        async with gate:
+            started = time.perf_counter()
+            try:
+                whole, finish, forced = await run_one(state, functions, "required", False, max_tokens, i)
+            except APIError as exc:
+                key = exc.code or "error"
+                outcome["refused"][key] = outcome["refused"].get(key, 0) + 1
+                print(f"{i:4} {name[:40]:40} refused: {exc.message[:80]}")
+                return
+            streamed, stream_finish, _ = await run_one(state, functions, "required", True, max_tokens, i)
+            auto, auto_finish, _ = await run_one(state, functions, "auto", False, max_tokens, i)
         outcome["length_cut"] += finish == "length"
+        outcome["budget_forced"] += bool(forced)
         outcome["stream_equal"] += whole == streamed
         verdicts = {"required": check(whole, finish, functions), "required_stream": check(streamed, stream_finish, functions),
                     "auto": check(auto, auto_finish, functions)}
@@ -120,7 +124,9 @@ async def bench(state: ServerState, rows: list[dict], max_tokens: int) -> dict:
             outcome[key][verdict] = outcome[key].get(verdict, 0) + 1
         outcome["seconds"].append(time.perf_counter() - started)
         print(f"{i:4} {name[:40]:40} {len(functions)} tools " + " ".join(f"{k}={v}" for k, v in verdicts.items())
-              + f" {outcome['seconds'][-1]:.1f}s")
+              + f" {outcome['seconds'][-1]:.1f}s", flush=True)
+
+    await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
     return outcome
 
 
@@ -129,10 +135,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N schemas (default: all 1,043)")
     parser.add_argument("--stride", type=int, default=1, help="take every k-th schema (a spread sample)")
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=1, help="schemas in flight at once (batched)")
     args = parser.parse_args()
     rows = [json.loads(line) for line in gzip.open(DATA, "rt")][::args.stride][:args.limit]
     state = load_state()
-    outcome = asyncio.run(bench(state, rows, args.max_tokens))
+    outcome = asyncio.run(bench(state, rows, args.max_tokens, args.concurrency))
     state.engine.shutdown()
     state.compiler.close()
 
@@ -148,7 +155,8 @@ def main() -> None:
         share = valid / judged if judged else 0.0
         print(f"{key:18} {valid:7} {share:7.1%}  {counts}")
     print(f"streamed calls equal to non-streamed: {outcome['stream_equal']}/{served}; "
-          f"cut by max_tokens: {outcome['length_cut']}")
+          f"cut by max_tokens: {outcome['length_cut']}; closed by the budget (maskd_budget_forced): "
+          f"{outcome['budget_forced']}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "tool_bench.json").write_text(json.dumps({"schemas": len(rows), **outcome}, indent=2))
     import matplotlib
