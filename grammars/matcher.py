@@ -1,7 +1,8 @@
 """Matcher: the per-request cursor over a CompiledGrammar.
 
 ``fill`` writes the allowed tokens of the current state into a bitmask row (a copy of
-the grammar's memoised per-state row: no allocation per token), ``advance`` consumes a
+the grammar's memoised per-state row: no allocation per token), ``sparse_mask`` gives
+the same tokens as the state's memoised SparseMask (for the CPU apply), ``advance`` consumes a
 sampled token, ``forced`` lists tokens that must come next, ``rollback`` undoes steps.
 The state lives in an ``outlines_core.Guide`` (advance + rollback ~0.2 us), which also
 writes a state's mask the first time any request of the grammar reaches it.
@@ -18,6 +19,7 @@ import torch
 
 from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
 from grammars.errors import GrammarError
+from grammars.sparse_mask import SparseMask
 
 _FORCED_LIMIT = 256
 
@@ -46,6 +48,12 @@ class Matcher:
             bitmask_row.zero_()
             return
         bitmask_row.copy_(self.grammar.state_mask(self._guide))
+
+    def sparse_mask(self) -> SparseMask | None:
+        """The tokens ``fill`` would allow, as memoised short id lists; None if both sides are long."""
+        if self._terminated:
+            return self.grammar.nothing_allowed
+        return self.grammar.state_sparse_mask(self._guide)
 
     def accepts(self, token_id: int) -> bool:
         """Whether ``token_id`` may come next."""

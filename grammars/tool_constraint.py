@@ -3,7 +3,7 @@
 Phases: TEXT (auto mode: anything, but the trigger arms the call grammar and is never overrun),
 FORCED (delimiter tokens written one by one: OPEN, CLOSE, SEPARATOR+OPEN), CALL (the compiled
 block grammar), AFTER (parallel: end the turn or start another block), DONE (only EOS).
-Same interface as Matcher: fill / advance / forced / finished / is_terminated / rollback.
+Same interface as Matcher: fill / sparse_mask / advance / forced / finished / is_terminated / rollback.
 """
 
 from __future__ import annotations
@@ -93,6 +93,14 @@ class ToolCallConstraint:
             allowed.append(self.tokens.separator[0])
         for token in allowed:
             row[token >> 5] |= _bit(token & 31)
+
+    def sparse_mask(self):
+        """The tokens ``fill`` would allow as a memoised SparseMask, or None (then use ``fill``)."""
+        if self._phase == CALL:
+            return self._matcher.sparse_mask()
+        if self._phase == TEXT and not (self._at_start and self._bare_start):
+            return self.trigger.sparse[self._kmp]
+        return None
 
     def _mask_bare_start(self, row: torch.Tensor) -> None:
         """At the reply's start, a token opening with `{` must be the start of a valid call."""
