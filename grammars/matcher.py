@@ -2,7 +2,8 @@
 
 ``fill`` writes the allowed tokens of the current state into a bitmask row (a copy of
 the grammar's memoised per-state row: no allocation per token; under a token budget, only
-tokens after which the match can still complete in time), ``advance`` consumes a
+tokens after which the match can still complete in time), ``sparse_mask`` gives
+the same tokens as the state's memoised SparseMask (for the CPU apply), ``advance`` consumes a
 sampled token, ``forced`` lists tokens that must come next, ``rollback`` undoes steps.
 The state lives in an ``outlines_core.Guide`` (advance + rollback ~0.2 us), which also
 writes a state's mask the first time any request of the grammar reaches it.
@@ -19,6 +20,7 @@ import torch
 
 from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
 from grammars.errors import GrammarError
+from grammars.sparse_mask import SparseMask
 
 _FORCED_LIMIT = 256
 
@@ -26,7 +28,8 @@ _FORCED_LIMIT = 256
 class Matcher:
     """Per-request automaton state; cheap to create, not thread-safe."""
 
-    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced")
+    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced",
+                 "_budgeted")
 
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 4096) -> None:
         self.grammar = grammar
@@ -37,6 +40,7 @@ class Matcher:
         self._steps = 0  # tokens consumed (EOS included)
         self._max_rollback = max_rollback
         self.budget_forced = False  # a token budget narrowed a mask at least once
+        self._budgeted = False  # the last fill was narrowed by the budget (no sparse form then)
 
     @property
     def state(self) -> int:
@@ -56,6 +60,7 @@ class Matcher:
             limit = max(budget - 1, self.min_tokens() - 1)
             mask = self.grammar.budget_mask(self._guide, limit)
             self.budget_forced |= mask is not None
+        self._budgeted = mask is not None
         bitmask_row.copy_(mask if mask is not None else self.grammar.state_mask(self._guide))
 
     def min_tokens(self) -> int:
@@ -73,6 +78,15 @@ class Matcher:
             return 0 if self.grammar.is_final(state) else None
         following = self.grammar.index.get_next_state(state, token_id)
         return None if following is None else self.grammar.min_tokens(following)
+
+    def sparse_mask(self) -> SparseMask | None:
+        """The tokens the last ``fill`` allowed, as memoised short id lists; None if both sides are
+        long, or if a budget narrowed that fill (then the filled row is the mask)."""
+        if self._terminated:
+            return self.grammar.nothing_allowed
+        if self._budgeted:
+            return None
+        return self.grammar.state_sparse_mask(self._guide)
 
     def accepts(self, token_id: int) -> bool:
         """Whether ``token_id`` may come next."""

@@ -3,7 +3,7 @@
 Phases: TEXT (auto mode: anything, but the trigger arms the call grammar and is never overrun),
 FORCED (delimiter tokens written one by one: OPEN, CLOSE, SEPARATOR+OPEN), CALL (the compiled
 block grammar), AFTER (parallel: end the turn or start another block), DONE (only EOS).
-Same interface as Matcher: fill / advance / forced / finished / is_terminated / rollback.
+Same interface as Matcher: fill / sparse_mask / advance / forced / finished / is_terminated / rollback.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class ToolCallConstraint:
         self.calls_opened = 0
         self._call_min = block.min_tokens(block.initial_state) + len(tokens.close)  # a block and its close
         self._budget_forced = False
+        self._plain_text_fill = True  # the last TEXT fill was the trigger's mask unchanged
         if required:
             self._set_forced(tokens.open, then=CALL)
         else:
@@ -87,11 +88,13 @@ class ToolCallConstraint:
             return
         if self._phase == TEXT:
             row.copy_(self.trigger.masks[self._kmp])
-            if left is not None and left < self._call_min:  # no room for a call: never open one
+            no_room = left is not None and left < self._call_min
+            if no_room:  # never open a call that could not close
                 for token in self.trigger.arming(self._kmp):
                     row[token >> 5] &= ~_bit(token & 31)
             if self._at_start and self._bare_start:
                 self._mask_bare_start(row, left)
+            self._plain_text_fill = not no_room and not (self._at_start and self._bare_start)
             return
         row.zero_()
         allowed = list(self.eos) if self._phase in (AFTER, DONE) else []
@@ -104,6 +107,14 @@ class ToolCallConstraint:
                 self._budget_forced = True  # no room for another call: the turn ends here
         for token in allowed:
             row[token >> 5] |= _bit(token & 31)
+
+    def sparse_mask(self):
+        """The tokens the last ``fill`` allowed as a memoised SparseMask, or None (then use the row)."""
+        if self._phase == CALL:
+            return self._matcher.sparse_mask()
+        if self._phase == TEXT and self._plain_text_fill:
+            return self.trigger.sparse[self._kmp]
+        return None
 
     def _mask_bare_start(self, row: torch.Tensor, left: int | None) -> None:
         """At the reply's start, a token opening with `{` must be the start of a valid call (that

@@ -3,7 +3,8 @@
 The state is how much of the trigger the text ends with (0..len-1, as in KMP). A token is banned
 in a state when the trigger would complete strictly inside it: then the text after the trigger
 would escape the grammar that the trigger arms. A token that completes the trigger exactly at its
-end arms the grammar. Masks are built once per (vocabulary, trigger) and shared.
+end arms the grammar. Masks are built once per (vocabulary, trigger) and shared, and so are
+their sparse forms (the few banned token ids; grammars/sparse_mask.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import numpy as np
 import torch
 
+from grammars.sparse_mask import SparseMask, sparse_mask
 from grammars.vocabulary import TokenVocabulary
 
 _CACHE: dict[tuple[str, bytes, tuple[int, ...]], "TriggerMasks"] = {}
@@ -27,6 +29,7 @@ class TriggerMasks:
         width = (vocabulary.size + 31) // 32
         self.masks = [self._mask(vocabulary, trigger, k, width) for k in range(len(trigger))]
         self._arming: dict[int, tuple[int, ...]] = {}
+        self.sparse: list[SparseMask | None] = [sparse_mask(m, vocabulary.size) for m in self.masks]
 
     @staticmethod
     def _mask(vocabulary: TokenVocabulary, trigger: bytes, k: int, width: int) -> torch.Tensor:

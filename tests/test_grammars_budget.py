@@ -203,3 +203,29 @@ def test_a_grammar_built_without_a_table_builds_its_own(compiler):
     grammar = compiler.compile_json_schema(SCHEMA)
     bare = CompiledGrammar(grammar.index, grammar.regex, grammar.vocabulary, "k")
     assert bare.min_tokens(bare.initial_state) == grammar.min_tokens(grammar.initial_state)
+
+
+def test_masker_applies_the_budget_mask_not_the_memoised_sparse_one(compiler, smollm_tokenizer):
+    from types import SimpleNamespace
+
+    from engine.constraint_hook import ConstraintMasker
+    from grammars.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks
+
+    grammar = compiler.compile_json_schema(SCHEMA)
+    prefix = smollm_tokenizer.encode('{"city":"Par', add_special_tokens=False)
+    masker = ConstraintMasker(49152, 2)
+    for budget in (None, 40, 8, 4):
+        matchers = [grammar.matcher(), grammar.matcher()]
+        for m in matchers:
+            for token in prefix:
+                m.advance(token)
+        for _ in range(2):  # second visit: the state's sparse form exists
+            logits = torch.randn(1, 49152)
+            reference, fast = logits.clone(), logits.clone()
+            bitmask = allocate_token_bitmask(1, 49152)
+            fill_next_token_bitmasks([(0, matchers[0])], bitmask, budgets=[budget])
+            apply_token_bitmask_inplace(reference, bitmask)
+            masker(fast, [SimpleNamespace(constraint=matchers[1], tokens_left=budget)])
+            assert torch.equal(reference, fast), budget
+        allowed_count = int(torch.isfinite(fast).sum())
+        assert (allowed_count < 1000) == (budget is not None and budget <= 8), (budget, allowed_count)

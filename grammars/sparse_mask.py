@@ -1,0 +1,104 @@
+"""SparseMask: a state's token mask as a short list of token ids, applied to logits without a bitmask.
+
+On a 49k vocabulary a JSON grammar's states are bimodal: either a handful of tokens are allowed
+(punctuation, keys, enum values) or nearly all are (inside strings; a few hundred tokens banned).
+Either way one side of the mask is short, and writing only that side beats expanding the packed
+bitmask (measured on CPU, one thread, one row of 49,152 floats):
+
+    disallowed ids, index_fill_ (-inf)              2 us + 1.7 ns per id
+    allowed ids, gather + fill_(-inf) + scatter     8 us + 2.1 ns per id
+    packed bitmask, LUT index_select + add         25-50 us (grammars/bitmask.py)
+
+A SparseMask is built once per grammar state from the state's packed row (so both forms always
+agree), memoised next to it and shared by every request; mid-sized sets have none and keep the
+bitmask path.  CPU only: on CUDA the packed bitmask is applied on the device.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+ALLOWED_MAX = 4096  # longest allowed-id list kept (32 KB of int64; apply ~17 us)
+DISALLOWED_MAX = 8192  # longest disallowed-id list kept (64 KB; apply ~16 us)
+
+_BUFFERS: dict[tuple, torch.Tensor] = {}
+_LOCK = threading.Lock()
+
+
+class SparseMask(NamedTuple):
+    """The tokens on the short side of a mask over ``vocab_size`` tokens."""
+    allowed: bool  # True: ids are the only allowed tokens; False: ids are the banned tokens
+    ids: torch.Tensor  # int64 [k], ascending, all < vocab_size
+    vocab_size: int
+
+
+def sparse_mask(bitmask_row: torch.Tensor, vocab_size: int) -> SparseMask | None:
+    """The sparse form of a packed row (int32 [ceil(vocab_size/32)]), or None if both sides are long.
+
+    Bits for tokens >= vocab_size are ignored, as ``apply_token_bitmask_inplace`` does.
+    """
+    words = bitmask_row.numpy().view(np.uint32).copy()  # [W]; bit j of word w = token 32*w + j
+    tail = words.shape[0] * 32 - vocab_size
+    if tail:
+        words[-1] &= np.uint32((1 << (32 - tail)) - 1)  # bits past the vocabulary: not tokens
+    allowed = int(np.bitwise_count(words).sum())
+    banned = vocab_size - allowed
+    if banned <= DISALLOWED_MAX and banned <= allowed:  # index_fill_ is the cheaper apply
+        words = ~words
+        if tail:
+            words[-1] &= np.uint32((1 << (32 - tail)) - 1)
+        keep_allowed = False
+    elif allowed <= ALLOWED_MAX:
+        keep_allowed = True
+    else:
+        return None
+    ids = _set_bits(words)
+    with torch.inference_mode(False):  # read later both inside and outside the engine's step
+        return SparseMask(keep_allowed, torch.from_numpy(ids), vocab_size)
+
+
+def _set_bits(words: np.ndarray) -> np.ndarray:
+    """int64 [k] ascending positions of the set bits of uint32 [W] (~10 us on 1536 words)."""
+    nonzero = np.flatnonzero(words)  # [n] words with a set bit
+    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")  # [n, 32]
+    word, bit = np.nonzero(bits)
+    return (nonzero[word] * 32 + bit).astype(np.int64)
+
+
+def apply_sparse_mask_inplace(logits_row: torch.Tensor, mask: SparseMask) -> None:
+    """Set the disallowed logits of one row to -inf in place; no allocation per call.
+
+    Like the bitmask scratch, the gather buffer is shared: one decoding loop at a time.
+
+    logits_row: float [V] on CPU with V == mask.vocab_size.
+    """
+    if logits_row.dim() != 1 or logits_row.shape[0] != mask.vocab_size or logits_row.device.type != "cpu":
+        raise ValueError(
+            f"a SparseMask over {mask.vocab_size} tokens applies to one CPU logits row of that "
+            f"width; got {logits_row.device} {tuple(logits_row.shape)}; use "
+            f"apply_token_bitmask_inplace for other shapes and devices"
+        )
+    if not mask.allowed:
+        logits_row.index_fill_(0, mask.ids, float("-inf"))
+        return
+    k = mask.ids.shape[0]
+    if k == 0:
+        logits_row.fill_(float("-inf"))
+        return
+    kept = _buffer(logits_row.dtype)[:k]  # [k]
+    torch.index_select(logits_row, 0, mask.ids, out=kept)
+    logits_row.fill_(float("-inf"))
+    logits_row.index_copy_(0, mask.ids, kept)
+
+
+def _buffer(dtype: torch.dtype) -> torch.Tensor:
+    """float [ALLOWED_MAX] scratch for the kept logits, one per dtype (CPU, not an inference tensor)."""
+    buf = _BUFFERS.get((dtype,))
+    if buf is None:
+        with _LOCK, torch.inference_mode(False):
+            buf = _BUFFERS.setdefault((dtype,), torch.empty(ALLOWED_MAX, dtype=dtype))
+    return buf

@@ -1,0 +1,158 @@
+"""SparseMask: the CPU fast path masks logits exactly as the packed bitmask does, state by state."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.constraint_hook import ConstraintMasker
+from grammar_fixtures import SMOLLM2_VOCAB_SIZE as V
+from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
+from grammars import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks, schema_to_regex
+from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, sparse_mask
+from grammars.tool_constraint import ToolCallConstraint, tool_tokens
+from grammars.tool_grammar import tool_grammar
+from grammars.trigger_mask import trigger_masks
+
+SCHEMA = {  # a variant of test_grammars_matcher's, so its states are first built here
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 20},
+        "count": {"type": "integer"},
+        "mood": {"enum": ["calm", "angry", "sleepy"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 2},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["title", "count", "mood"],
+    "additionalProperties": False,
+}
+
+
+class HalfMask:
+    """A constraint with a mid-sized mask (every other token) and no sparse form: the bitmask path."""
+
+    def __init__(self):
+        self.row = torch.full(((V + 31) // 32,), 0x55555555, dtype=torch.int32)
+
+    def fill(self, row, budget=None):
+        row.copy_(self.row)
+
+    def sparse_mask(self):
+        return sparse_mask(self.row, V)
+
+
+def kind(constraint) -> str:
+    sparse = constraint.sparse_mask()
+    return "none" if sparse is None else "allowed" if sparse.allowed else "disallowed"
+
+
+def masked_both_ways(logits, constraints):
+    """(bitmask path, ConstraintMasker) results for one batch; None = an unconstrained row."""
+    reference, fast = logits.clone(), logits.clone()
+    bitmask = allocate_token_bitmask(len(constraints), V)
+    pairs = [(row, c) for row, c in enumerate(constraints) if c is not None]
+    fill_next_token_bitmasks(pairs, bitmask)
+    apply_token_bitmask_inplace(reference, bitmask, rows=[row for row, _ in pairs])
+    ConstraintMasker(V, 2)(fast, [SimpleNamespace(constraint=c, tokens_left=None) for c in constraints])
+    return reference, fast
+
+
+def walk_and_compare(constraint, seed, steps=300, inference_every=2):
+    """Greedy walk on random logits; at each step both paths must give identical logits."""
+    gen = torch.Generator().manual_seed(seed)
+    tok, vocab = smollm2_tokenizer(), smollm2_vocabulary()
+    closers = [tok.convert_tokens_to_ids(c) for c in ['"', "}", "]", ","]] + sorted(vocab.eos_token_ids)
+    logits = torch.empty(4, V)
+    kinds, eos_seen = set(), False
+    half = HalfMask()
+    for step in range(steps):
+        logits.normal_(generator=gen)
+        if step > 30:
+            logits[1, closers] += 8.0
+        batch = [None, constraint, half, None]  # unconstrained rows around constrained ones
+        with torch.inference_mode(step % inference_every == 0):
+            constraint.sparse_mask()  # a first ask: so the masker's (second) gets the SparseMask
+            reference, fast = masked_both_ways(logits, batch)
+        assert torch.equal(reference, fast), f"step {step}: fast path differs ({kind(constraint)})"
+        kinds.add(kind(constraint))
+        assert torch.isfinite(fast[0]).all() and torch.isfinite(fast[3]).all()
+        eos_seen |= any(bool(torch.isfinite(fast[1, e])) for e in vocab.eos_token_ids)
+        if constraint.is_terminated():
+            break
+        forced = constraint.forced()
+        for token in forced or [int(torch.argmax(fast[1]))]:
+            constraint.advance(token)
+    return kinds, eos_seen
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_matcher_fast_path_equals_bitmask_path(seed):
+    grammar = shared_compiler().compile_json_schema(SCHEMA)
+    kinds, eos_seen = walk_and_compare(grammar.matcher(), seed)
+    assert {"allowed", "disallowed"} <= kinds and eos_seen
+
+
+def test_sparse_mask_is_built_on_a_states_second_visit():
+    grammar = shared_compiler().compile_json_schema({"enum": ["first", "second"]})
+    matcher = grammar.matcher()
+    assert matcher.sparse_mask() is None  # first visit: the packed bitmask path
+    sparse = matcher.sparse_mask()
+    assert sparse.allowed and sparse is matcher.sparse_mask() is grammar.matcher().sparse_mask()
+    row = torch.zeros(grammar.width, dtype=torch.int32)
+    matcher.fill(row)
+    assert sparse_mask(row, V).ids.tolist() == sparse.ids.tolist()
+
+
+def test_terminated_matcher_allows_nothing():
+    grammar = shared_compiler().compile_json_schema({"enum": ["yes"]})
+    matcher = grammar.matcher()
+    for token in smollm2_tokenizer().encode('"yes"', add_special_tokens=False):
+        matcher.advance(token)
+    assert matcher.finished()
+    eos = min(smollm2_vocabulary().eos_token_ids)
+    logits = torch.randn(3, V)
+    reference, fast = masked_both_ways(logits, [None, matcher, None])
+    assert torch.equal(reference, fast) and torch.isfinite(fast[1, eos])
+    matcher.advance(eos)
+    assert matcher.sparse_mask() is grammar.nothing_allowed
+    reference, fast = masked_both_ways(logits, [None, matcher, None])
+    assert torch.equal(reference, fast) and not torch.isfinite(fast[1]).any()
+
+
+def test_tool_constraint_fast_path_equals_bitmask_path():
+    """Auto mode: free text under the trigger's masks (banned ids), then the call grammar."""
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": SCHEMA}}]
+    grammar = tool_grammar("hermes", tools, schema_to_regex, False, None)
+    tokenizer, vocab = smollm2_tokenizer(), smollm2_vocabulary()
+    constraint = ToolCallConstraint(
+        shared_compiler().compile_regex(grammar.inner),
+        tool_tokens(tokenizer, grammar.open, grammar.close, grammar.separator),
+        required=False, trigger=trigger_masks(vocab, grammar.trigger, ()))
+    assert constraint.sparse_mask().allowed is False  # free text: the few overrunning tokens banned
+    for token in tokenizer.encode("Sure. <tool_call>", add_special_tokens=False):
+        constraint.advance(token)
+    kinds, _ = walk_and_compare(constraint, seed=7)
+    assert "allowed" in kinds and constraint.calls_opened == 1
+
+
+def test_sparse_mask_picks_the_short_side_and_ignores_bits_past_the_vocabulary():
+    row = torch.zeros(3, dtype=torch.int32)  # 96 bits for a 70-token vocabulary
+    row[0], row[2] = 0b1001, -1  # tokens 0, 3 and the bits of 64..95 (66..95 are past the end)
+    sparse = sparse_mask(row, 70)
+    assert sparse.allowed and sparse.ids.tolist() == [0, 3, 64, 65, 66, 67, 68, 69]
+    row.fill_(-1)
+    row[1] = ~(1 << 4)  # all but token 36
+    sparse = sparse_mask(row, 70)
+    assert not sparse.allowed and sparse.ids.tolist() == [36] and sparse.vocab_size == 70
+    assert sparse_mask(HalfMask().row, V) is None
+
+
+def test_apply_sparse_mask_refuses_a_row_of_another_width():
+    sparse = SparseMask(True, torch.tensor([1, 2]), 10)
+    with pytest.raises(ValueError, match="one CPU logits row"):
+        apply_sparse_mask_inplace(torch.zeros(2, 10), sparse)
+    row = torch.arange(10, dtype=torch.bfloat16)
+    apply_sparse_mask_inplace(row, sparse)
+    assert torch.isfinite(row).nonzero().view(-1).tolist() == [1, 2] and row[2] == 2
