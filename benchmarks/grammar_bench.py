@@ -218,7 +218,7 @@ def mask_maskd(grammars, tok, vocab, steps, packed=False):
     def step(w, i, logits):
         if i == 0:
             state["m"] = grammars[w % len(grammars)][1].matcher()
-            state["seqs"] = [SimpleNamespace(constraint=state["m"])]
+            state["seqs"] = [SimpleNamespace(constraint=state["m"], tokens_left=None)]
         m = state["m"]
         if i > steps // 2:
             logits[0, bias] += 8.0
