@@ -33,8 +33,9 @@ class Constraint(Protocol):
     def closed(self) -> bool: ...
     def is_terminated(self) -> bool: ...
     def min_tokens(self) -> int: ...
-    # Optional: sparse_mask() -> grammars.sparse_mask.SparseMask | None, the tokens fill() would
-    # allow as memoised id lists; ConstraintMasker uses it on CPU when present.
+    # Optional: sparse_mask(budget) -> grammars.sparse_mask.SparseMask | None, the tokens
+    # fill(row, budget) would allow as memoised id lists, without a fill (None: fill instead);
+    # ConstraintMasker uses it on CPU when present.
 
 
 @dataclass

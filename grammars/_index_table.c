@@ -12,6 +12,13 @@
  * among its successors (the mode: inside a JSON string, that of the ~48k tokens that stay in the
  * string); and its "odd" tokens, those whose successor's distance differs from the mode. Under a
  * token budget a state's mask is then its full mask minus odd tokens, or odd tokens alone.
+ *
+ * Given the logits width (vocab_size > 0), it also writes every state's mask in the short form
+ * grammars/sparse_mask.py applies on CPU, so a state's first visit needs no bitmask: the state's
+ * tokens below vocab_size, plus eos_ids in final states; kind 2 (banned ids over [0, vocab_size))
+ * when banned <= banned_max and banned <= allowed, else kind 1 (allowed ids) when allowed <=
+ * allowed_max, else kind 0 (none). Ids ascend. If all the lists together would hold more than
+ * ids_cap ids, none are written (n_sparse = -1).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,6 +34,11 @@ typedef struct {
     int64_t *odd_off;    /* [n_states + 1] CSR offsets into odd_tok / odd_dist */
     int32_t *odd_tok;    /* [n_odd] tokens whose successor's distance is not the mode */
     int32_t *odd_dist;   /* [n_odd] distance of the state the token leads to */
+    int64_t n_sparse;    /* ids in sp_ids; -1: not written (no vocab_size, or over ids_cap) */
+    int32_t *count;      /* [n_states] the state's tokens other than the index's EOS */
+    int8_t *sp_kind;     /* [n_states] 0 none, 1 allowed ids, 2 banned ids */
+    int32_t *sp_off;     /* [n_states + 1] CSR offsets into sp_ids */
+    int32_t *sp_ids;     /* [n_sparse] ascending token ids */
 } index_table_t;
 
 typedef struct { const uint8_t *p, *end; int err; } reader_t;
@@ -45,11 +57,17 @@ static uint64_t rd(reader_t *r) {
 
 void index_table_free(index_table_t *t) {
     free(t->keys); free(t->dist); free(t->far); free(t->mode); free(t->odd_off); free(t->odd_tok); free(t->odd_dist);
+    free(t->count); free(t->sp_kind); free(t->sp_off); free(t->sp_ids);
     memset(t, 0, sizeof *t);
 }
 
+static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *tok, const uint8_t *final,
+                        uint32_t eos, int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos,
+                        int64_t allowed_max, int64_t banned_max, int64_t ids_cap);
+
 /* 0 on success; -1 malformed input, -2 out of memory, -3 state ids too large. */
-int index_table(const uint8_t *buf, int64_t size, index_table_t *out) {
+int index_table(const uint8_t *buf, int64_t size, int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos,
+                int64_t allowed_max, int64_t banned_max, int64_t ids_cap, index_table_t *out) {
     memset(out, 0, sizeof *out);
     reader_t r = {buf, buf + size, 0};
     uint64_t initial = rd(&r), n_finals = rd(&r);
@@ -80,12 +98,13 @@ int index_table(const uint8_t *buf, int64_t size, index_table_t *out) {
     int32_t *tok = malloc((n_trans + 1) * sizeof *tok), *nxt = malloc((n_trans + 1) * sizeof *nxt);
     int64_t *rev_off = calloc(n_states + 1, sizeof *rev_off);
     int32_t *rev = malloc((n_trans + 1) * sizeof *rev), *queue = malloc(n_states * sizeof *queue);
+    uint8_t *final = calloc(n_states, 1);
     out->keys = malloc(n_states * sizeof *out->keys);
     out->dist = malloc(n_states * sizeof *out->dist);
     out->far = malloc(n_states * sizeof *out->far);
     out->mode = malloc(n_states * sizeof *out->mode);
     out->odd_off = calloc(n_states + 1, sizeof *out->odd_off);
-    if (!dense || !off || !tok || !nxt || !rev_off || !rev || !queue || !out->keys || !out->dist
+    if (!dense || !off || !tok || !nxt || !rev_off || !rev || !queue || !final || !out->keys || !out->dist
         || !out->far || !out->mode
         || !out->odd_off) goto done;
     memset(dense, 0xff, (max_id + 1) * sizeof *dense);
@@ -103,7 +122,9 @@ int index_table(const uint8_t *buf, int64_t size, index_table_t *out) {
         }
         off[s + 1] = off[s] + n;
     }
+    uint64_t eos = rd(&r); /* the index's own EOS token, on final states' transitions */
     rc = -1;
+    if (r.err) goto done;
     for (uint64_t k = 0; k < n_trans; k++) {
         if ((nxt[k] = dense[nxt[k]]) < 0) goto done; /* a next state with no entry of its own */
     }
@@ -125,6 +146,7 @@ int index_table(const uint8_t *buf, int64_t size, index_table_t *out) {
     for (uint64_t i = 0; i < n_finals; i++) {
         uint64_t f = rd(&r);
         if (f > max_id || dense[f] < 0) continue; /* a final state no transition mentions */
+        final[dense[f]] = 1;
         if (out->dist[dense[f]] < 0) { out->dist[dense[f]] = 0; queue[tail++] = dense[f]; }
     }
     while (head < tail) {
@@ -171,9 +193,84 @@ int index_table(const uint8_t *buf, int64_t size, index_table_t *out) {
     out->n_trans = (int64_t)n_trans;
     out->n_odd = n_odd;
     out->initial = (uint32_t)initial;
-    rc = 0;
+    rc = sparse_forms(out, off, tok, final, (uint32_t)eos, vocab_size, eos_ids, n_eos, allowed_max, banned_max,
+                      ids_cap);
 done:
-    free(dense); free(off); free(tok); free(nxt); free(rev_off); free(rev); free(queue);
+    free(dense); free(off); free(tok); free(nxt); free(rev_off); free(rev); free(queue); free(final);
     if (rc) index_table_free(out);
+    return rc;
+}
+
+/* count, and (with vocab_size > 0) the short form of every state's mask; 0 or -2 (out of memory). */
+static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *tok, const uint8_t *final,
+                        uint32_t eos, int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos,
+                        int64_t allowed_max, int64_t banned_max, int64_t ids_cap) {
+    int64_t n_states = out->n_states, width = (vocab_size + 31) / 32;
+    out->n_sparse = -1;
+    out->count = malloc((n_states + 1) * sizeof *out->count);
+    if (!out->count) return -2;
+    for (int64_t s = 0; s < n_states; s++) {
+        int32_t n = (int32_t)(off[s + 1] - off[s]);
+        for (int64_t k = off[s]; k < off[s + 1]; k++) if ((uint32_t)tok[k] == eos) { n--; break; }
+        out->count[s] = n;
+    }
+    if (vocab_size <= 0) return 0;
+    int rc = -2;
+    uint8_t *is_eos = calloc(vocab_size, 1);
+    uint32_t *words = calloc(width, sizeof *words);
+    out->sp_kind = calloc(n_states + 1, 1);
+    out->sp_off = malloc((n_states + 1) * sizeof *out->sp_off);
+    if (!is_eos || !words || !out->sp_kind || !out->sp_off) goto fail;
+    int64_t n_extra = 0;
+    for (int64_t i = 0; i < n_eos; i++)
+        if (eos_ids[i] >= 0 && eos_ids[i] < vocab_size && !is_eos[eos_ids[i]]) { is_eos[eos_ids[i]] = 1; n_extra++; }
+
+    /* pass 1: the allowed count of every state, hence its kind and list length */
+    int64_t total = 0;
+    out->sp_off[0] = 0;
+    for (int64_t s = 0; s < n_states; s++) {
+        int64_t allowed = 0, eos_present = 0;
+        for (int64_t k = off[s]; k < off[s + 1]; k++) {
+            if (tok[k] < 0 || tok[k] >= vocab_size) continue;
+            allowed++;
+            eos_present += is_eos[tok[k]];
+        }
+        if (final[s]) allowed += n_extra - eos_present;
+        int64_t banned = vocab_size - allowed, n = 0;
+        if (banned <= banned_max && banned <= allowed) { out->sp_kind[s] = 2; n = banned; }
+        else if (allowed <= allowed_max) { out->sp_kind[s] = 1; n = allowed; }
+        total += n;
+        if (total > ids_cap) { rc = 0; goto fail; } /* too big to keep: states are masked lazily */
+        out->sp_off[s + 1] = (int32_t)total;
+    }
+
+    /* pass 2: each list from a bitmap of the state's tokens, so the ids come out ascending */
+    out->sp_ids = malloc((total + 1) * sizeof *out->sp_ids);
+    if (!out->sp_ids) goto fail;
+    uint32_t tail = vocab_size % 32 ? (1u << (vocab_size % 32)) - 1 : 0xffffffffu; /* last word's tokens */
+    for (int64_t s = 0; s < n_states; s++) {
+        if (!out->sp_kind[s]) continue;
+        for (int64_t k = off[s]; k < off[s + 1]; k++)
+            if (tok[k] >= 0 && tok[k] < vocab_size) words[tok[k] >> 5] |= 1u << (tok[k] & 31);
+        if (final[s])
+            for (int64_t i = 0; i < n_eos; i++)
+                if (eos_ids[i] >= 0 && eos_ids[i] < vocab_size) words[eos_ids[i] >> 5] |= 1u << (eos_ids[i] & 31);
+        uint32_t flip = out->sp_kind[s] == 2 ? 0xffffffffu : 0;
+        int32_t *ids = out->sp_ids + out->sp_off[s];
+        for (int64_t w = 0; w < width; w++) {
+            uint32_t bits = (words[w] ^ flip) & (w == width - 1 ? tail : 0xffffffffu);
+            while (bits) {
+                *ids++ = (int32_t)(w * 32 + __builtin_ctz(bits));
+                bits &= bits - 1;
+            }
+        }
+        memset(words, 0, width * sizeof *words);
+    }
+    out->n_sparse = total;
+    free(is_eos); free(words);
+    return 0;
+fail:
+    free(is_eos); free(words); free(out->sp_kind); free(out->sp_off);
+    out->sp_kind = NULL; out->sp_off = NULL;
     return rc;
 }

@@ -9,6 +9,12 @@ distance; inside a JSON string, that of the ~48k tokens that stay in the string)
 tokens whose successor distance is not the mode: a budget mask is the state's full mask minus odd
 tokens (n >= mode) or the odd tokens alone (n < mode).
 
+With the logits width and EOS ids, the same pass also stores every state's mask in the short form
+grammars/sparse_mask.py applies on CPU (``sparse``: a kind per state, 0 none / 1 allowed ids / 2
+banned ids, and CSR int32 ids) and its token count, so that a state's first visit, like every
+later one, needs no bitmask (CompiledGrammar.state_sparse_mask). A grammar whose lists would
+exceed ``SPARSE_IDS_CAP`` ids keeps none (its states are then masked lazily).
+
 The table is built once per grammar at compile time (in the compile worker) and cached with it.
 Reading 20M transitions through ``Index.get_transitions()`` takes seconds and gigabytes of Python
 objects, so the table is computed by a small C routine (``_index_table.c``) straight from the
@@ -32,15 +38,23 @@ import numpy as np
 
 log = logging.getLogger("maskd.grammars")
 
+# The rule of a short form (grammars/sparse_mask.py imports it from here: this module, loaded by the
+# compile worker, imports no torch): banned ids when at most DISALLOWED_MAX and no more than the
+# allowed ones, else allowed ids when at most ALLOWED_MAX, else none.
+ALLOWED_MAX = 4096  # longest allowed-id list kept (32 KB of int64; apply ~17 us)
+DISALLOWED_MAX = 8192  # longest disallowed-id list kept (64 KB; apply ~16 us)
+SPARSE_IDS_CAP = 16 << 20  # int32 ids kept per grammar at most (64 MB); above: no precomputed forms
+NONE, ALLOWED, BANNED = 0, 1, 2  # sparse kinds
+
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_index_table.c")
 
 
 class BudgetTable:
     """Per-state distances to acceptance and odd tokens of one index (immutable, picklable)."""
 
-    __slots__ = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist", "_dense")
+    __slots__ = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist", "count", "sparse", "_dense")
 
-    def __init__(self, keys, distance, far, mode, odd_off, odd_tok, odd_dist) -> None:
+    def __init__(self, keys, distance, far, mode, odd_off, odd_tok, odd_dist, count=None, sparse=None) -> None:
         self.keys = np.asarray(keys, dtype=np.uint32)  # [S] state ids
         self.distance = np.asarray(distance, dtype=np.int32)  # [S]; -1: no final state reachable
         self.far = np.asarray(far, dtype=np.int32)  # [S] farthest successor's distance
@@ -48,10 +62,19 @@ class BudgetTable:
         self.odd_off = np.asarray(odd_off, dtype=np.int64)  # [S + 1]
         self.odd_tok = np.asarray(odd_tok, dtype=np.int32)  # [T] successor distance != mode
         self.odd_dist = np.asarray(odd_dist, dtype=np.int32)  # [T]
+        # [S] tokens other than the index's EOS (CompiledGrammar._build's count), or None
+        self.count = None if count is None else np.asarray(count, dtype=np.int32)
+        # (vocab_size, kind int8 [S], off int32 [S + 1], ids int32 [N]), or None: masks built lazily
+        self.sparse = None
+        if sparse is not None:
+            size, kind, off, ids = sparse
+            self.sparse = (int(size), np.asarray(kind, dtype=np.int8), np.asarray(off, dtype=np.int32),
+                           np.asarray(ids, dtype=np.int32))
         self._dense = {int(k): i for i, k in enumerate(self.keys)}
 
     def __getstate__(self):
-        return (self.keys, self.distance, self.far, self.mode, self.odd_off, self.odd_tok, self.odd_dist)
+        return (self.keys, self.distance, self.far, self.mode, self.odd_off, self.odd_tok, self.odd_dist,
+                self.count, self.sparse)
 
     def __setstate__(self, state) -> None:
         self.__init__(*state)
@@ -74,29 +97,55 @@ class BudgetTable:
             return "drop", tokens[dist > limit]
         return "only", tokens[dist <= limit]
 
+    def state_count(self, state: int) -> int | None:
+        """The state's tokens other than the index's EOS (None: not stored, or not a state here)."""
+        i = self._dense.get(state)
+        return None if i is None or self.count is None else int(self.count[i])
 
-def build_budget_table(index) -> BudgetTable:
-    """The BudgetTable of an ``outlines_core.Index`` (C path, or the slow Python path)."""
+    def sparse_ids(self, state: int, vocab_size: int) -> tuple[int, np.ndarray] | None:
+        """(kind, int32 ascending ids) of the state's mask over ``vocab_size`` tokens; None if not
+        stored (no forms, another width, or not a state here). Kind NONE: both sides are long."""
+        i = self._dense.get(state)
+        if i is None or self.sparse is None or self.sparse[0] != vocab_size:
+            return None
+        _, kind, off, ids = self.sparse
+        return int(kind[i]), ids[off[i]:off[i + 1]]
+
+
+def build_budget_table(index, vocab_size: int | None = None, eos_ids=(), ids_cap: int = SPARSE_IDS_CAP) -> BudgetTable:
+    """The BudgetTable of an ``outlines_core.Index`` (C path, or the slow Python path).
+
+    ``vocab_size`` (the logits width) and ``eos_ids`` (every EOS id, allowed in final states):
+    also store each state's sparse mask, if they total at most ``ids_cap`` ids.
+    """
     library = _library()
     if library is None:
-        return budget_table_from_transitions(index)
+        return budget_table_from_transitions(index, vocab_size, eos_ids, ids_cap)
     blob = index.__reduce__()[1][0]  # bincode bytes, as pickle would write them
+    eos = np.array(sorted(set(eos_ids)), dtype=np.int32)
     table = _Table()
-    rc = library.index_table(blob, len(blob), ctypes.byref(table))
+    rc = library.index_table(blob, len(blob), vocab_size or 0, eos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                             len(eos), ALLOWED_MAX, DISALLOWED_MAX, ids_cap, ctypes.byref(table))
     if rc != 0:
         log.warning("index_table failed (%d); using the Python path", rc)
-        return budget_table_from_transitions(index)
+        return budget_table_from_transitions(index, vocab_size, eos_ids, ids_cap)
     try:
-        s, t = table.n_states, table.n_odd
+        s, t, n = table.n_states, table.n_odd, table.n_sparse
+        sparse = None
+        if n >= 0:
+            sparse = (vocab_size, _copy(table.sp_kind, s, np.int8), _copy(table.sp_off, s + 1, np.int32),
+                      _copy(table.sp_ids, n, np.int32))
         return BudgetTable(
             _copy(table.keys, s, np.uint32), _copy(table.dist, s, np.int32), _copy(table.far, s, np.int32),
             _copy(table.mode, s, np.int32), _copy(table.odd_off, s + 1, np.int64),
-            _copy(table.odd_tok, t, np.int32), _copy(table.odd_dist, t, np.int32))
+            _copy(table.odd_tok, t, np.int32), _copy(table.odd_dist, t, np.int32),
+            _copy(table.count, s, np.int32), sparse)
     finally:
         library.index_table_free(ctypes.byref(table))
 
 
-def budget_table_from_transitions(index) -> BudgetTable:
+def budget_table_from_transitions(index, vocab_size: int | None = None, eos_ids=(),
+                                  ids_cap: int = SPARSE_IDS_CAP) -> BudgetTable:
     """The same table through ``get_transitions()`` (reference and fallback; slow on big indexes)."""
     transitions = index.get_transitions()
     keys = list(transitions)
@@ -129,7 +178,40 @@ def budget_table_from_transitions(index) -> BudgetTable:
                 tok.append(t)
                 dist.append(d)
         off.append(len(tok))
-    return BudgetTable(keys, distance, far, mode, off, tok, dist)
+    count = None
+    if eos_ids:  # the index's own EOS: the smallest, as TokenVocabulary builds it
+        count = [len(row) - (min(eos_ids) in row) for row in transitions.values()]
+    sparse = None
+    if vocab_size:
+        sparse = _sparse_forms(transitions, set(index.get_final_states()), vocab_size, eos_ids, ids_cap)
+    return BudgetTable(keys, distance, far, mode, off, tok, dist, count, sparse)
+
+
+def _sparse_forms(transitions, finals, vocab_size: int, eos_ids, ids_cap: int):
+    """(vocab_size, kind, off, ids) as _index_table.c writes them, or None over ``ids_cap`` ids."""
+    extra = np.array(sorted({e for e in eos_ids if 0 <= e < vocab_size}), dtype=np.int64)
+    kinds, off, lists = [], [0], []
+    for state, row in transitions.items():
+        allowed = np.fromiter(row, dtype=np.int64, count=len(row))
+        allowed = allowed[(allowed >= 0) & (allowed < vocab_size)]
+        if state in finals:
+            allowed = np.union1d(allowed, extra)
+        allowed = np.unique(allowed)
+        banned = vocab_size - len(allowed)
+        if banned <= DISALLOWED_MAX and banned <= len(allowed):
+            kinds.append(BANNED)
+            lists.append(np.setdiff1d(np.arange(vocab_size), allowed, assume_unique=True))
+        elif len(allowed) <= ALLOWED_MAX:
+            kinds.append(ALLOWED)
+            lists.append(allowed)
+        else:
+            kinds.append(NONE)
+            lists.append(allowed[:0])
+        off.append(off[-1] + len(lists[-1]))
+        if off[-1] > ids_cap:
+            return None
+    ids = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
+    return vocab_size, kinds, off, ids
 
 
 class _Table(ctypes.Structure):
@@ -140,6 +222,9 @@ class _Table(ctypes.Structure):
         ("far", ctypes.POINTER(ctypes.c_int32)), ("mode", ctypes.POINTER(ctypes.c_int32)),
         ("odd_off", ctypes.POINTER(ctypes.c_int64)), ("odd_tok", ctypes.POINTER(ctypes.c_int32)),
         ("odd_dist", ctypes.POINTER(ctypes.c_int32)),
+        ("n_sparse", ctypes.c_int64), ("count", ctypes.POINTER(ctypes.c_int32)),
+        ("sp_kind", ctypes.POINTER(ctypes.c_int8)), ("sp_off", ctypes.POINTER(ctypes.c_int32)),
+        ("sp_ids", ctypes.POINTER(ctypes.c_int32)),
     ]
 
 
@@ -177,7 +262,9 @@ def _load():
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("could not build %s in %s (%s)", os.path.basename(_SOURCE), folder, exc)
             continue
-        library.index_table.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(_Table)]
+        library.index_table.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int32),
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.POINTER(_Table)]
         library.index_table.restype = ctypes.c_int
         library.index_table_free.argtypes = [ctypes.POINTER(_Table)]
         library.index_table_free.restype = None

@@ -5,7 +5,8 @@ it builds an index (measured: the caller keeps running), a runaway compile in a 
 would keep burning a core and memory forever.  So compiles run in a child process
 (``python -c`` running ``serve()``; a plain subprocess rather than multiprocessing's
 spawn, which would re-import the caller's ``__main__``): on timeout the child is killed
-and a fresh one started.  Frames on the pipes are an 8-byte length plus a pickle; the
+and a fresh one started.  The child also builds the grammar's BudgetTable (distances, and each
+state's sparse mask for the CPU apply; grammars/budget.py).  Frames on the pipes are an 8-byte length plus a pickle; the
 index comes back in outlines-core's pickled (binary) form, ~1 ms per MB.
 
 This module imports only the standard library, outlines_core and numpy (no torch), so the
@@ -68,23 +69,27 @@ def serve() -> None:  # runs in the child
     _write(out, ("ready", None))
     while True:
         try:
-            regex, with_table = _read(inp, None)
+            regex, with_table, vocab_size, eos_ids = _read(inp, None)
         except EOFError:
             return
         try:
             index = outlines_core.Index(regex, vocabulary)
             if with_table:
-                index = (index, build_budget_table(index))
+                index = (index, build_budget_table(index, vocab_size, eos_ids))
             _write(out, ("ok", index))
         except Exception as e:  # noqa: BLE001 - report any compile failure to the parent
             _write(out, ("error", f"{type(e).__name__}: {e}"))
 
 
 class CompileWorker:
-    """One child process holding the vocabulary; ``build(regex, timeout_s)`` -> Index."""
+    """One child process holding the vocabulary; ``build(regex, timeout_s)`` -> Index.
 
-    def __init__(self, vocabulary_blob: bytes) -> None:
+    ``vocab_size`` (logits width) and ``eos_ids``: budget tables also hold each state's sparse mask.
+    """
+
+    def __init__(self, vocabulary_blob: bytes, vocab_size: int | None = None, eos_ids=()) -> None:
         self._blob = vocabulary_blob  # pickled outlines_core.Vocabulary
+        self._table_args = (vocab_size, tuple(sorted(eos_ids)))
         self._proc: subprocess.Popen | None = None
         self._ready = False
 
@@ -110,7 +115,7 @@ class CompileWorker:
             if not self._ready:
                 _read(fd, time.monotonic() + _STARTUP_TIMEOUT_S)
                 self._ready = True
-            _write(self._proc.stdin, (regex, with_table))
+            _write(self._proc.stdin, (regex, with_table, *self._table_args))
             status, payload = _read(fd, time.monotonic() + timeout_s)
         except TimeoutError:
             was_ready = self._ready

@@ -6,9 +6,10 @@ so a matcher's fill is one 6 KB copy instead of outlines-core's per-call walk ov
 the allowed-token list (measured 54 us on a 49k vocabulary inside a JSON string).
 Under a token budget, masks of (state, tokens left) come from the grammar's BudgetTable
 (grammars/budget.py), memoised the same way.
-Next to each row, the state's SparseMask (its allowed or its banned token ids, when
-one side is short; grammars/sparse_mask.py; memoised on a state's second visit) lets the
-CPU apply skip the bitmask.
+The CPU apply skips the bitmask with the state's SparseMask (its allowed or its banned token
+ids, when one side is short; grammars/sparse_mask.py): the budget table stores every state's
+from compile time, so even a state's first visit needs no row (grammars whose lists would be too
+big to keep build it from the row on a state's second visit instead).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 import outlines_core
 import torch
 
-from grammars.budget import BudgetTable, build_budget_table
+from grammars.budget import ALLOWED, NONE, BudgetTable, build_budget_table
 from grammars.sparse_mask import SparseMask, sparse_mask
 from grammars.vocabulary import TokenVocabulary
 
@@ -36,7 +37,9 @@ class CompiledGrammar:
         budget: BudgetTable | None = None,
     ) -> None:
         self.index = index
-        self.budget = budget if budget is not None else build_budget_table(index)
+        if budget is None:
+            budget = build_budget_table(index, vocabulary.size, vocabulary.eos_token_ids)
+        self.budget = budget
         self.regex = regex
         self.vocabulary = vocabulary
         self.key = key
@@ -103,25 +106,34 @@ class CompiledGrammar:
 
     def state_sparse_mask(self, guide: outlines_core.Guide) -> SparseMask | None:
         """The SparseMask of ``guide``'s state (same tokens as ``state_mask``), or None: mid-sized,
-        or asked for the first time.
+        or (without stored forms) asked for the first time.
 
-        Built from the state's row on the second ask (20-35 us): a state visited once (most of
-        a new grammar's) keeps the packed-bitmask apply and never pays for it; nor does CUDA.
+        From the budget table's stored ids (int32 -> int64 once, 1-5 us); without them, built from
+        the state's row on the second ask (20-35 us), so that a state visited once keeps the
+        packed-bitmask apply and never pays for it; nor does CUDA.
         """
         state = guide.get_state()
         sparse = self._sparse.get(state, _UNSEEN)
-        if sparse is _UNSEEN:
-            self._sparse[state] = _SEEN_ONCE
-            return None
-        if sparse is _SEEN_ONCE:
-            sparse = self._sparse[state] = sparse_mask(self.state_mask(guide), self.vocabulary.size)
+        if sparse is _UNSEEN or sparse is _SEEN_ONCE:
+            stored = self.budget.sparse_ids(state, self.vocabulary.size)
+            if stored is not None:
+                kind, ids = stored
+                with torch.inference_mode(False):  # read later both inside and outside the engine's step
+                    sparse = None if kind == NONE else SparseMask(
+                        kind == ALLOWED, torch.from_numpy(ids.astype(np.int64)), self.vocabulary.size)
+            elif sparse is _UNSEEN:
+                self._sparse[state] = _SEEN_ONCE
+                return None
+            else:
+                sparse = sparse_mask(self.state_mask(guide), self.vocabulary.size)
+            self._sparse[state] = sparse
         return sparse
 
     def single_token(self, guide: outlines_core.Guide) -> int:
         """The only allowed token in ``guide``'s state if exactly one (EOS counts), else -1."""
         single = self._single.get(guide.get_state())
         if single is None:
-            self._build(guide)
+            self._summarise(guide)
             single = self._single[guide.get_state()]
         return single
 
@@ -129,9 +141,26 @@ class CompiledGrammar:
         """Number of tokens allowed in ``guide``'s state, EOS not counted."""
         count = self._count.get(guide.get_state())
         if count is None:
-            self._build(guide)
+            self._summarise(guide)
             count = self._count[guide.get_state()]
         return count
+
+    def _summarise(self, guide: outlines_core.Guide) -> None:
+        """Memoise the state's count and single token: from the budget table's stored count and
+        sparse ids when it has them (no mask written), else from the state's row (``_build``)."""
+        state = guide.get_state()
+        count = self.budget.state_count(state)
+        stored = self.budget.sparse_ids(state, self.vocabulary.size) if count is not None else None
+        if stored is None:
+            self._build(guide)
+            return
+        final = self.index.is_final_state(state)
+        kind, ids = stored
+        if count == 1 and not final and (kind != ALLOWED or len(ids) != 1):  # a token past the logits
+            self._build(guide)
+            return
+        self._count[state] = count
+        self._single[state] = int(ids[0]) if count == 1 and not final else NO_TOKEN
 
     def _build(self, guide: outlines_core.Guide) -> torch.Tensor:
         """Memoise the state's mask; outlines-core writes it (~50-80 us, once per state)."""

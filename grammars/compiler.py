@@ -54,7 +54,7 @@ class GrammarCompiler:
         self._inflight: dict[str, threading.Lock] = {}
         blob = pickle.dumps(vocabulary.outlines)
         self._idle: queue.Queue[CompileWorker] = queue.Queue()
-        self._workers = [CompileWorker(blob) for _ in range(max(1, workers))]
+        self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(max(1, workers))]
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
             self._idle.put(w)

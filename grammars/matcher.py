@@ -3,8 +3,9 @@
 ``fill`` writes the allowed tokens of the current state into a bitmask row (a copy of
 the grammar's memoised per-state row: no allocation per token; under a token budget, only
 tokens after which the match can still complete in time), ``sparse_mask`` gives
-the same tokens as the state's memoised SparseMask (for the CPU apply), ``advance`` consumes a
-sampled token, ``forced`` lists tokens that must come next, ``rollback`` undoes steps.
+the same tokens as the state's SparseMask without a fill (for the CPU apply; None where a budget
+narrows the mask), ``advance`` consumes a sampled token, ``forced`` lists tokens that must
+come next, ``rollback`` undoes steps.
 The state lives in an ``outlines_core.Guide`` (advance + rollback ~0.2 us), which also
 writes a state's mask the first time any request of the grammar reaches it.
 
@@ -28,8 +29,7 @@ _FORCED_LIMIT = 256
 class Matcher:
     """Per-request automaton state; cheap to create, not thread-safe."""
 
-    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced",
-                 "_budgeted")
+    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced")
 
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 4096) -> None:
         self.grammar = grammar
@@ -40,7 +40,6 @@ class Matcher:
         self._steps = 0  # tokens consumed (EOS included)
         self._max_rollback = max_rollback
         self.budget_forced = False  # a token budget narrowed a mask at least once
-        self._budgeted = False  # the last fill was narrowed by the budget (no sparse form then)
 
     @property
     def state(self) -> int:
@@ -55,13 +54,16 @@ class Matcher:
         if self._terminated:
             bitmask_row.zero_()
             return
-        mask = None
-        if budget is not None:
-            limit = max(budget - 1, self.min_tokens() - 1)
-            mask = self.grammar.budget_mask(self._guide, limit)
-            self.budget_forced |= mask is not None
-        self._budgeted = mask is not None
+        mask = self._budget_mask(budget)
+        self.budget_forced |= mask is not None
         bitmask_row.copy_(mask if mask is not None else self.grammar.state_mask(self._guide))
+
+    def _budget_mask(self, budget: int | None) -> torch.Tensor | None:
+        """The state's mask narrowed by ``budget`` (see fill), or None if the budget rules out nothing."""
+        if budget is None:
+            return None
+        limit = max(budget - 1, self.min_tokens() - 1)
+        return self.grammar.budget_mask(self._guide, limit)
 
     def min_tokens(self) -> int:
         """Fewest tokens that complete the match from here (EOS not counted; 0 once finished)."""
@@ -79,12 +81,13 @@ class Matcher:
         following = self.grammar.index.get_next_state(state, token_id)
         return None if following is None else self.grammar.min_tokens(following)
 
-    def sparse_mask(self) -> SparseMask | None:
-        """The tokens the last ``fill`` allowed, as memoised short id lists; None if both sides are
-        long, or if a budget narrowed that fill (then the filled row is the mask)."""
+    def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
+        """The tokens ``fill(row, budget)`` would allow, as the state's memoised short id lists, with
+        no fill needed; None if both sides are long, if not known yet (see
+        CompiledGrammar.state_sparse_mask), or if the budget narrows the mask (then fill)."""
         if self._terminated:
             return self.grammar.nothing_allowed
-        if self._budgeted:
+        if self._budget_mask(budget) is not None:
             return None
         return self.grammar.state_sparse_mask(self._guide)
 

@@ -9,9 +9,11 @@ bitmask (measured on CPU, one thread, one row of 49,152 floats):
     allowed ids, gather + fill_(-inf) + scatter     8 us + 2.1 ns per id
     packed bitmask, LUT index_select + add         25-50 us (grammars/bitmask.py)
 
-A SparseMask is built once per grammar state from the state's packed row (so both forms always
-agree), memoised next to it and shared by every request; mid-sized sets have none and keep the
-bitmask path.  CPU only: on CUDA the packed bitmask is applied on the device.
+A grammar's SparseMasks come from its budget table, which stores every state's ids at compile
+time (grammars/budget.py, by the same rule as ``sparse_mask`` here; tests compare the two);
+without stored ids one is built from the state's packed row.  Either way it is memoised per state
+and shared by every request; mid-sized sets have none and keep the bitmask path.  CPU only: on
+CUDA the packed bitmask is applied on the device.
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-ALLOWED_MAX = 4096  # longest allowed-id list kept (32 KB of int64; apply ~17 us)
-DISALLOWED_MAX = 8192  # longest disallowed-id list kept (64 KB; apply ~16 us)
+from grammars.budget import ALLOWED_MAX, DISALLOWED_MAX  # noqa: F401 - the rule, shared with compile time
 
 _BUFFERS: dict[tuple, torch.Tensor] = {}
 _LOCK = threading.Lock()

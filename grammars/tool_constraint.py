@@ -43,7 +43,6 @@ class ToolCallConstraint:
         self.calls_opened = 0
         self._call_min = block.min_tokens(block.initial_state) + len(tokens.close)  # a block and its close
         self._budget_forced = False
-        self._plain_text_fill = True  # the last TEXT fill was the trigger's mask unchanged
         if required:
             self._set_forced(tokens.open, then=CALL)
         else:
@@ -94,7 +93,6 @@ class ToolCallConstraint:
                     row[token >> 5] &= ~_bit(token & 31)
             if self._at_start and self._bare_start:
                 self._mask_bare_start(row, left)
-            self._plain_text_fill = not no_room and not (self._at_start and self._bare_start)
             return
         row.zero_()
         allowed = list(self.eos) if self._phase in (AFTER, DONE) else []
@@ -108,12 +106,16 @@ class ToolCallConstraint:
         for token in allowed:
             row[token >> 5] |= _bit(token & 31)
 
-    def sparse_mask(self):
-        """The tokens the last ``fill`` allowed as a memoised SparseMask, or None (then use the row)."""
+    def sparse_mask(self, budget: int | None = None):
+        """The tokens ``fill(row, budget)`` would allow as a memoised SparseMask, with no fill needed;
+        or None (then fill and use the row): where the budget narrows the mask, and in TEXT at a
+        bare-object start (``fill`` checks `{` tokens there) and in FORCED / AFTER / DONE."""
         if self._phase == CALL:
-            return self._matcher.sparse_mask()
-        if self._phase == TEXT and self._plain_text_fill:
-            return self.trigger.sparse[self._kmp]
+            return self._matcher.sparse_mask(None if budget is None else budget - len(self.tokens.close))
+        if self._phase == TEXT:
+            no_room = budget is not None and budget - 1 < self._call_min
+            if not no_room and not (self._at_start and self._bare_start):
+                return self.trigger.sparse[self._kmp]
         return None
 
     def _mask_bare_start(self, row: torch.Tensor, left: int | None) -> None:

@@ -229,3 +229,22 @@ def test_masker_applies_the_budget_mask_not_the_memoised_sparse_one(compiler, sm
             assert torch.equal(reference, fast), budget
         allowed_count = int(torch.isfinite(fast).sum())
         assert (allowed_count < 1000) == (budget is not None and budget <= 8), (budget, allowed_count)
+
+
+def test_masker_fills_a_tool_constraints_text_row_the_budget_narrows(compiler, vocab, smollm_tokenizer):
+    """Auto mode's free text has a stored sparse form, but with no room for a call the arming token is
+    banned too: the masker must fill that row and apply it, not the trigger's sparse form."""
+    from types import SimpleNamespace
+
+    from engine.constraint_hook import ConstraintMasker
+
+    constraint = make(compiler, vocab, smollm_tokenizer, mode="auto", parallel=False)
+    opener = smollm_tokenizer.encode("<tool_call>", add_special_tokens=False)
+    for token in smollm_tokenizer.encode("Let me check.\n", add_special_tokens=False) + opener[:-1]:
+        constraint.advance(token)
+    last, call_min = opener[-1], constraint._call_min
+    assert constraint.sparse_mask(call_min + 1) is not None and constraint.sparse_mask(call_min) is None
+    for budget, opens in ((call_min, False), (call_min + 1, True), (None, True)):
+        logits = torch.zeros(1, 49152)
+        ConstraintMasker(49152, 1)(logits, [SimpleNamespace(constraint=constraint, tokens_left=budget)])
+        assert bool(torch.isfinite(logits[0, last])) == opens, budget

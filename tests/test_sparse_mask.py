@@ -10,7 +10,11 @@ import torch
 from engine.constraint_hook import ConstraintMasker
 from grammar_fixtures import SMOLLM2_VOCAB_SIZE as V
 from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
+import numpy as np
+
 from grammars import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks, schema_to_regex
+from grammars.budget import ALLOWED, BANNED, NONE, build_budget_table, budget_table_from_transitions
+from grammars.compiled_grammar import CompiledGrammar
 from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, sparse_mask
 from grammars.tool_constraint import ToolCallConstraint, tool_tokens
 from grammars.tool_grammar import tool_grammar
@@ -39,7 +43,7 @@ class HalfMask:
     def fill(self, row, budget=None):
         row.copy_(self.row)
 
-    def sparse_mask(self):
+    def sparse_mask(self, budget=None):
         return sparse_mask(self.row, V)
 
 
@@ -73,7 +77,7 @@ def walk_and_compare(constraint, seed, steps=300, inference_every=2):
             logits[1, closers] += 8.0
         batch = [None, constraint, half, None]  # unconstrained rows around constrained ones
         with torch.inference_mode(step % inference_every == 0):
-            constraint.sparse_mask()  # a first ask: so the masker's (second) gets the SparseMask
+            constraint.sparse_mask()  # a first ask: without stored forms, the masker's (second) gets one
             reference, fast = masked_both_ways(logits, batch)
         assert torch.equal(reference, fast), f"step {step}: fast path differs ({kind(constraint)})"
         kinds.add(kind(constraint))
@@ -94,15 +98,118 @@ def test_matcher_fast_path_equals_bitmask_path(seed):
     assert {"allowed", "disallowed"} <= kinds and eos_seen
 
 
-def test_sparse_mask_is_built_on_a_states_second_visit():
+def test_sparse_mask_comes_from_compile_time_on_a_states_first_visit():
     grammar = shared_compiler().compile_json_schema({"enum": ["first", "second"]})
+    matcher = grammar.matcher()
+    sparse = matcher.sparse_mask()  # stored in the budget table: no row built for it
+    assert sparse.allowed and sparse is matcher.sparse_mask() is grammar.matcher().sparse_mask()
+    assert not grammar._masks
+    row = torch.zeros(grammar.width, dtype=torch.int32)
+    matcher.fill(row)
+    assert sparse_mask(row, V).ids.tolist() == sparse.ids.tolist() and sparse.ids.dtype == torch.int64
+
+
+def test_without_stored_forms_the_sparse_mask_is_built_on_a_states_second_visit():
+    compiled = shared_compiler().compile_json_schema({"enum": ["first", "second"]})
+    table = build_budget_table(compiled.index)  # no vocab_size: no sparse forms (older cache entries)
+    assert table.sparse is None
+    grammar = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, "lazy", table)
     matcher = grammar.matcher()
     assert matcher.sparse_mask() is None  # first visit: the packed bitmask path
     sparse = matcher.sparse_mask()
     assert sparse.allowed and sparse is matcher.sparse_mask() is grammar.matcher().sparse_mask()
-    row = torch.zeros(grammar.width, dtype=torch.int32)
-    matcher.fill(row)
-    assert sparse_mask(row, V).ids.tolist() == sparse.ids.tolist()
+    assert sparse.ids.tolist() == compiled.matcher().sparse_mask().ids.tolist()
+
+
+def state_row(grammar, state) -> torch.Tensor:
+    """int32 [W]: what CompiledGrammar._build writes for ``state`` (its tokens, every EOS if final)."""
+    words = np.zeros(grammar.width, dtype=np.uint32)
+    tokens = list(grammar.index.get_allowed_tokens(state))
+    if grammar.is_final(state):
+        tokens += sorted(grammar.vocabulary.eos_token_ids)
+    for t in tokens:
+        words[t >> 5] |= np.uint32(1 << (t & 31))
+    return torch.from_numpy(words.view(np.int32))
+
+
+def test_stored_sparse_forms_equal_the_rows_of_every_state():
+    """Every state of a real grammar (strings, numbers, enums, arrays, final states): the forms the
+    compile worker stored are sparse_mask() of the state's row; so are the token counts."""
+    grammar = shared_compiler().compile_json_schema(SCHEMA)
+    table, eos = grammar.budget, grammar.vocabulary.eos_token_id
+    assert table.sparse is not None and len(table.keys) > 50
+    kinds = set()
+    for state in table.keys.tolist():
+        kind, ids = table.sparse_ids(state, V)
+        expected = sparse_mask(state_row(grammar, state), V)
+        kinds.add(kind)
+        if expected is None:
+            assert kind == NONE and len(ids) == 0, state
+        else:
+            assert kind == (ALLOWED if expected.allowed else BANNED), state
+            assert ids.tolist() == expected.ids.tolist(), state
+        tokens = grammar.index.get_allowed_tokens(state)
+        assert table.state_count(state) == len(tokens) - (eos in tokens), state
+    assert {ALLOWED, BANNED} <= kinds
+
+
+def test_python_table_has_the_c_tables_sparse_forms():
+    grammar = shared_compiler().compile_json_schema(SCHEMA)
+    vocab = grammar.vocabulary
+    fast = build_budget_table(grammar.index, vocab.size, vocab.eos_token_ids)
+    slow = budget_table_from_transitions(grammar.index, vocab.size, vocab.eos_token_ids)
+    assert slow.sparse is not None and sorted(fast.keys.tolist()) == sorted(slow.keys.tolist())
+    for state in fast.keys.tolist():
+        (kind, ids), (kind_slow, ids_slow) = fast.sparse_ids(state, V), slow.sparse_ids(state, V)
+        assert kind == kind_slow and ids.tolist() == ids_slow.tolist(), state
+        assert fast.state_count(state) == slow.state_count(state), state
+
+
+def test_a_grammar_over_the_cap_keeps_no_sparse_forms():
+    grammar = shared_compiler().compile_json_schema(SCHEMA)
+    vocab = grammar.vocabulary
+    for build in (build_budget_table, budget_table_from_transitions):
+        table = build(grammar.index, vocab.size, vocab.eos_token_ids, ids_cap=100)
+        assert table.sparse is None and table.sparse_ids(grammar.initial_state, V) is None
+        assert table.distance_of(grammar.initial_state) == grammar.min_tokens(grammar.initial_state)
+
+
+def test_forced_and_is_terminated_need_no_row():
+    """The stored counts give single_token / allowed_count without writing the state's mask."""
+    grammar = shared_compiler().compile_json_schema({"enum": ["alpha", "beta"]})
+    matcher = grammar.matcher()
+    quote = smollm2_tokenizer().convert_tokens_to_ids('"')
+    assert matcher.forced() == [quote] and not matcher.is_terminated()
+    for token in smollm2_tokenizer().encode('"beta"', add_special_tokens=False):
+        matcher.advance(token)
+    assert matcher.forced() == [] and matcher.is_terminated()
+    assert not grammar._masks
+
+
+class FillCounter:
+    """A constraint whose sparse form is always known: the masker must not fill it on CPU."""
+
+    def __init__(self):
+        self.fills, self.budgets = 0, []
+        self.sparse = SparseMask(True, torch.tensor([3, 5]), V)
+
+    def fill(self, row, budget=None):
+        self.fills += 1
+        row.zero_()
+        row[0] = 0b101000
+
+    def sparse_mask(self, budget=None):
+        self.budgets.append(budget)
+        return self.sparse
+
+
+def test_masker_skips_the_fill_of_rows_with_a_sparse_form():
+    constraint = FillCounter()
+    logits = torch.randn(2, V)
+    ConstraintMasker(V, 2)(logits, [SimpleNamespace(constraint=None, tokens_left=None),
+                                    SimpleNamespace(constraint=constraint, tokens_left=17)])
+    assert constraint.fills == 0 and constraint.budgets == [17]
+    assert torch.isfinite(logits[1]).nonzero().view(-1).tolist() == [3, 5] and torch.isfinite(logits[0]).all()
 
 
 def test_terminated_matcher_allows_nothing():
