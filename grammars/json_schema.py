@@ -34,7 +34,7 @@ from outlines_core.json_schema import (
 
 from grammars.errors import GrammarError, UnsupportedSchemaError
 from grammars.numeric_bounds import bound_numbers, fill_placeholders
-from grammars.schema_normalizer import normalize_schema
+from grammars.schema_normalizer import ANNOTATIONS, normalize_schema
 
 COMPACT_WHITESPACE = ""
 _BOUNDS_LEFT = ("numeric bounds are enforced only on a node with a type and without "
@@ -82,6 +82,7 @@ def _check(node: Any, path: str, allowed: frozenset[str]) -> None:
             for i, sub in enumerate(node):
                 _check(sub, f"{path}/{i}", allowed)
         return
+    _check_combinator(node, path, allowed)
     for key, value in node.items():
         if key in _DATA:
             continue
@@ -98,6 +99,37 @@ def _check(node: Any, path: str, allowed: frozenset[str]) -> None:
         elif key in _SCHEMA_LISTS and isinstance(value, list):
             for i, sub in enumerate(value):
                 _check(sub, f"{path}/{key}/{i}", allowed)
+
+
+_COMBINATORS = ("anyOf", "oneOf", "allOf")
+_COMBINATOR_SIBLINGS = ANNOTATIONS | {"type", "$defs", "definitions"}
+_TYPED = ("type", "$ref", "const", "enum", "anyOf", "oneOf", "allOf")
+
+
+def _check_combinator(node: dict, path: str, allowed: frozenset[str]) -> None:
+    """outlines-core keeps only one side of a node that has anyOf/oneOf/allOf *and* other keywords:
+    beside `properties` it drops the combinator, otherwise it drops the siblings (`required`, `enum`,
+    `type`, ...); a branch that only lists `required` names is not enforced either. Refuse those."""
+    present = [k for k in _COMBINATORS if isinstance(node.get(k), list)]
+    if not present or present[0] in allowed:
+        return
+    key = present[0]
+    if len(present) > 1:
+        raise UnsupportedSchemaError(present[1], f"{path}/{present[1]}", f"next to `{key}` it is ignored by the "
+                                     f"regex compiler, which keeps only one combinator; nest one inside the other")
+    for sibling in node:
+        if sibling != key and sibling not in _COMBINATOR_SIBLINGS:
+            raise UnsupportedSchemaError(key, f"{path}/{key}", f"next to `{sibling}` one of the two is ignored by the "
+                                         f"regex compiler; move `{sibling}` into each branch")
+    for i, branch in enumerate(node[key]):
+        if not isinstance(branch, dict):
+            continue
+        if "type" in node and not any(k in branch for k in _TYPED):
+            raise UnsupportedSchemaError(key, f"{path}/{key}/{i}", "the node's `type` is ignored next to it and "
+                                         "this branch has none; give the branch its own `type`")
+        if "required" in branch and "properties" not in branch and "$ref" not in branch:
+            raise UnsupportedSchemaError(key, f"{path}/{key}/{i}", "a branch that only lists `required` names is "
+                                         "not enforced; give the branch its `properties` (and `type`)")
 
 
 def check_schema(schema: dict, ignore_keywords: Iterable[str] = ()) -> None:

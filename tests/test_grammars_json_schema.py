@@ -115,3 +115,27 @@ def test_json_object_regex():
         assert regex.fullmatch(compact(data)), data
     for text in ["[]", "1", '{"a":}', '{"a":{"b":{"c":{"d":1}}}}', '{"a":[[{"d":1}]]}']:
         assert not regex.fullmatch(text), text
+
+
+@pytest.mark.parametrize("schema,keyword,path", [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]}, "anyOf", "/anyOf"),
+    ({"type": "object", "properties": {"d": {"type": "string"}}, "required": ["d"],
+      "oneOf": [{"properties": {"d": {"const": "x"}}}]}, "oneOf", "/oneOf"),
+    ({"enum": [1, 2], "anyOf": [{"const": 3}]}, "anyOf", "/anyOf"),
+    ({"type": "object", "anyOf": [{"required": ["a"]}]}, "anyOf", "/anyOf/0"),
+    ({"type": "object", "properties": {"p": {"anyOf": [{"type": "integer"}], "oneOf": [{"type": "string"}]}}},
+     "oneOf", "/properties/p/oneOf"),
+])
+def test_combinators_with_siblings_outlines_core_would_drop_are_refused(schema, keyword, path):
+    # outlines-core 0.2.14 keeps one side: beside `properties` it drops the combinator, else the siblings
+    with pytest.raises(UnsupportedSchemaError) as info:
+        schema_to_regex(schema)
+    assert info.value.keyword == keyword and info.value.path == path
+
+
+def test_combinators_with_annotations_and_typed_branches_compile():
+    schema = {"description": "either", "type": "object", "anyOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+        {"type": "object", "properties": {"b": {"const": 1}}, "required": ["b"]}]}
+    regex = re.compile(schema_to_regex(schema))
+    assert regex.fullmatch('{"a":5}') and regex.fullmatch('{"b":1}') and not regex.fullmatch('{}')
