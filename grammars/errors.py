@@ -26,7 +26,7 @@ class UnsupportedSchemaError(GrammarError):
             f"constrained decoding{detail}; remove it from the schema or express the "
             f"constraint with supported keywords (type, properties, required, enum, const, "
             f"anyOf/oneOf/allOf, $ref, items, minItems/maxItems, minLength/maxLength, "
-            f"pattern, format date/time/date-time/uuid/email/uri, minimum/maximum next to "
+            f"pattern, format date/time/date-time/uuid/email/uri/byte, minimum/maximum next to "
             f"type integer/number), or list the keyword in "
             f"GrammarCompiler(ignore_keywords=...) to accept it unenforced."
         )

@@ -11,8 +11,8 @@ Works around three outlines-core 0.2.14 behaviours found on MaskBench:
   is treated as a full match.  We rewrite patterns into anchored, JSON-safe form.
 * ``format`` regexes: ``date`` uses ``\d`` (any Unicode digit in Rust regex),
   ``date-time``/``time`` accept a time without the offset RFC 3339 requires, ``uri``
-  and ``email`` can emit a raw ``"``.  We replace these formats by ASCII, JSON-safe
-  patterns (FORMAT_PATTERNS); ``\d``/``\w`` in user patterns become ASCII classes.
+  and ``email`` can emit a raw ``"``; ``byte`` (OpenAPI's base64) has no regex there.  We replace
+  these formats by ASCII, JSON-safe patterns (FORMAT_PATTERNS); ``\d``/``\w`` in user patterns become ASCII classes.
 * ``pattern`` together with ``minLength``/``maxLength`` silently drops the pattern.
   We fold the lengths into a ``^C+$``/``^C*$`` pattern, and refuse other combinations.
 """
@@ -46,6 +46,7 @@ FORMAT_PATTERNS = {
     "uri": (rf"^((https?|ftp)://([a-zA-Z0-9.-]+\.[a-zA-Z]{{2,}}|localhost)(:[0-9]+)?"
             rf"(/[^{_URI_EXCLUDE}?#]*)?(\?[^{_URI_EXCLUDE}#]*)?(#[^{_URI_EXCLUDE}]*)?"
             rf"|urn:[a-zA-Z0-9][a-zA-Z0-9-]{{0,31}}:[^{_URI_EXCLUDE}]+)$"),
+    "byte": r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",  # base64 (RFC 4648, OpenAPI)
 }
 _SINGLE_ATOM = re.compile(r"^\^?(\[(?:[^\]\\]|\\.)+\]|\\[dw]|[A-Za-z0-9])([+*])\$?$")
 

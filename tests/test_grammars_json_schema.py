@@ -54,6 +54,7 @@ CASES = [  # (schema, valid texts, invalid texts)
     ({"type": "string", "format": "uri"}, ['"https://example.com/a?b=c#d"', '"urn:isbn:123"'],
      ['"no uri"', '"https://example.com/a\"b"']),
     ({"type": "string", "format": "email"}, ['"x@a.io"'], ['"\"q\"@a.io"']),
+    ({"type": "string", "format": "byte"}, ['"aGVsbG8="', '""', '"YWJj"', '"YQ=="'], ['"abc"', '"a==="', '"aGVsbG8"']),
     ({"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "required": ["a", "b"]},
      ['{"a":{"x":[1]},"b":2}', '{"a":null,"b":2}'], ["null", '{"a":1}']),
     ({"type": "object", "properties": {"a": {"type": "integer"}},
