@@ -10,10 +10,9 @@ import outlines_core
 import pytest
 import torch
 
-from grammars import GrammarCompiler, TokenVocabulary
 from grammars.budget import build_budget_table, budget_table_from_transitions
 from grammars.compiled_grammar import CompiledGrammar
-from test_tool_constraint import allowed, check_calls, make
+from test_tool_constraint import allowed, check_calls, compiler, make, vocab  # noqa: F401 - fixtures
 
 SMALL_TOKENS = ["a", "b", "c", "ab", "bc", "abc", "{", "}", '"', '{"', '"}', "1", "12", ",", ":"]
 SMALL_REGEXES = [r"a{3,7}", r"(ab|c)*abc", r"\{\"[abc]{0,4}\"(,[12]{1,3})?\}", r"(a|bc)+c?", r"[abc]{2}:[12]+"]
@@ -84,17 +83,6 @@ def test_c_table_equals_python_table_on_a_real_schema(compiler):
     assert (fast.keys[order] == slow.keys[order_slow]).all()
     assert (fast.distance[order] == slow.distance[order_slow]).all()
     assert grammar.min_tokens(grammar.initial_state) > 5
-
-
-@pytest.fixture(scope="module")
-def vocab(smollm_tokenizer):
-    return TokenVocabulary.from_tokenizer(smollm_tokenizer, 49152)
-
-
-@pytest.fixture(scope="module")
-def compiler(vocab):
-    with GrammarCompiler(vocab, timeout_s=60) as c:
-        yield c
 
 
 def rigged_logits(rng, vocab_size, favour):
