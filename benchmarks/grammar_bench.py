@@ -77,6 +77,11 @@ def load_tokenizer():
     return AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+def progress(engine, i, n, every=200):
+    if i and i % every == 0:
+        print(f"  {engine}: {i}/{n} schemas ({time.strftime('%H:%M:%S')})", flush=True)
+
+
 def generated_verdict(grammar, schema, tok, seed, slack=30):
     """Decode one output under ``grammar`` with random logits and a budget of its shortest valid
     length + ``slack`` (budget-aware masks close it), then judge it with jsonschema."""
@@ -112,15 +117,46 @@ def generated_verdict(grammar, schema, tok, seed, slack=30):
     return "valid"
 
 
-def bench_maskd(schemas, vocab, timeout_s, keep, tok):
-    """Compile results; the first ``keep`` grammars are kept for the mask walks (big indexes take
-    hundreds of MB each: keeping them all ran a 345-schema run out of 24 GB)."""
+class OutlinesDirect:
+    """outlines-core used directly: its schema-to-regex, then its Index built in a killable worker
+    under the same time limit (default whitespace, no schema checks)."""
+
+    def __init__(self, vocab, timeout_s):
+        from outlines_core.json_schema import build_regex_from_schema
+
+        self.to_regex, self.timeout_s = build_regex_from_schema, timeout_s
+        self.res = {"ok": 0, "timeout": 0, "error": 0, "cold_ms": []}
+        self.worker = CompileWorker(pickle.dumps(vocab.outlines))
+        self.worker.build("a", 60)  # start-up outside the timings
+
+    def compile(self, schema):
+        t = time.perf_counter()
+        try:
+            self.worker.build(self.to_regex(json.dumps(schema)), self.timeout_s)
+        except CompileTimeout:
+            self.res["timeout"] += 1
+            return
+        except (ValueError, GrammarError):
+            self.res["error"] += 1
+            return
+        self.res["cold_ms"].append((time.perf_counter() - t) * 1e3)
+        self.res["ok"] += 1
+
+
+def bench_maskd_and_outlines(schemas, vocab, timeout_s, keep, tok):
+    """Compile every schema with outlines-core directly, then with maskd, one schema after the
+    other (so both see the same load on a shared machine).  The first ``keep`` maskd grammars are
+    kept for the mask walks (big indexes take hundreds of MB each: keeping them all ran a
+    345-schema run out of 24 GB)."""
     res = {"ok": 0, "unsupported": 0, "timeout": 0, "error": 0, "cold_ms": [], "warm_us": [],
            "disk_ms": [], "unsupported_keywords": {}, "generated": {}}
     grammars, compiled = [], []
+    outlines = OutlinesDirect(vocab, timeout_s)
     with tempfile.TemporaryDirectory() as cache:
         with GrammarCompiler(vocab, cache_dir=cache, timeout_s=timeout_s, lru_size=4) as compiler:
-            for _, schema in schemas:
+            for i, (_, schema) in enumerate(schemas):
+                progress("maskd and outlines-core", i, len(schemas))
+                outlines.compile(schema)
                 t = time.perf_counter()
                 try:
                     g = compiler.compile_json_schema(schema)
@@ -146,40 +182,16 @@ def bench_maskd(schemas, vocab, timeout_s, keep, tok):
                 if len(grammars) < keep:
                     grammars.append((schema, g))
                 del g
+        outlines.worker.kill()
         with GrammarCompiler(vocab, cache_dir=cache, timeout_s=timeout_s, lru_size=4) as fresh:
             for schema in compiled:
                 t = time.perf_counter()
                 fresh.compile_json_schema(schema)
                 res["disk_ms"].append((time.perf_counter() - t) * 1e3)
-    return res, grammars
+    return res, grammars, outlines.res
 
 
-def bench_outlines(schemas, vocab, timeout_s):
-    from outlines_core.json_schema import build_regex_from_schema
-
-    res = {"ok": 0, "timeout": 0, "error": 0, "cold_ms": []}
-    worker = CompileWorker(pickle.dumps(vocab.outlines))
-    try:
-        worker.build("a", 60)  # start-up outside the timings
-        for _, schema in schemas:
-            t = time.perf_counter()
-            try:
-                regex = build_regex_from_schema(json.dumps(schema))
-                worker.build(regex, timeout_s)
-            except CompileTimeout:
-                res["timeout"] += 1
-                continue
-            except (ValueError, GrammarError):
-                res["error"] += 1
-                continue
-            res["cold_ms"].append((time.perf_counter() - t) * 1e3)
-            res["ok"] += 1
-    finally:
-        worker.kill()
-    return res
-
-
-def bench_xgrammar(schemas, tok):
+def bench_xgrammar(schemas, tok, keep):
     try:
         import xgrammar as xgr
     except Exception as e:  # noqa: BLE001
@@ -200,11 +212,12 @@ def bench_xgrammar(schemas, tok):
         compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
         res["warm_us"].append((time.perf_counter() - t) * 1e6)
         res["ok"] += 1
-        compiled.append(c)
+        if len(compiled) < keep:  # the rest would only fill memory
+            compiled.append(c)
     return res, (xgr, compiled)
 
 
-def bench_llguidance(schemas, tok):
+def bench_llguidance(schemas, tok, keep):
     try:
         import llguidance
         import llguidance.hf
@@ -226,7 +239,8 @@ def bench_llguidance(schemas, tok):
             continue
         res["cold_ms"].append((time.perf_counter() - t) * 1e3)
         res["ok"] += 1
-        matchers.append((grammar, m))
+        if len(matchers) < keep:
+            matchers.append((grammar, m))
     return res, (llguidance, lltok, matchers)
 
 
@@ -373,10 +387,9 @@ def main():
     n = len(schemas)
     print(f"{n} schemas ({', '.join(SUBSETS)}; limit {limit} each), timeout {args.timeout} s")
 
-    maskd, grammars = bench_maskd(schemas, vocab, args.timeout, walks, tok)
-    outlines = bench_outlines(schemas, vocab, args.timeout)
-    xg, xg_handle = bench_xgrammar(schemas, tok)
-    llg, llg_handle = bench_llguidance(schemas, tok)
+    maskd, grammars, outlines = bench_maskd_and_outlines(schemas, vocab, args.timeout, walks, tok)
+    xg, xg_handle = bench_xgrammar(schemas, tok, walks)
+    llg, llg_handle = bench_llguidance(schemas, tok, walks)
     compile_results = {"maskd": maskd, "outlines-core": outlines, "xgrammar": xg, "llguidance": llg}
 
     mask_us = {"maskd": mask_maskd(grammars[:walks], tok, vocab, args.steps)}
