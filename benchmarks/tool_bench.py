@@ -6,7 +6,9 @@ Each BFCL schema is {"<function name>": <parameters>}: it is sent as one tool th
 path (the same code the HTTP routes run: prompt rendering, grammar, engine, parsing), once with
 tool_choice "required" non-streamed and streamed, once with "auto". A response counts as valid when
 it has tool calls, each to a known tool, whose arguments parse and validate (jsonschema). Schemas
-the server refuses (400: a keyword it cannot enforce, a compile timeout) are counted apart.
+the server refuses (400: a keyword it cannot enforce, a compile timeout) are counted apart. Where
+--max-tokens is under a schema's shortest valid call, the 400 states the minimum and that schema
+is run with the minimum + 20 (counted as budget_raised).
 Prints a table, writes benchmarks/results/tool_bench.json and tool_bench.png.
 """
 
@@ -16,6 +18,7 @@ import argparse
 import asyncio
 import gzip
 import json
+import re
 import time
 from pathlib import Path
 
@@ -98,7 +101,7 @@ async def run_one(state: ServerState, functions: dict[str, dict], mode: str, str
 
 async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurrency: int) -> dict:
     outcome = {"refused": {}, "required": {}, "required_stream": {}, "auto": {}, "stream_equal": 0,
-               "length_cut": 0, "budget_forced": 0, "seconds": []}
+               "length_cut": 0, "budget_forced": 0, "budget_raised": 0, "failed": [], "seconds": []}
     gate = asyncio.Semaphore(concurrency)  # schemas in flight at once (the engine batches them)
 
     async def one(i: int, row: dict) -> None:
@@ -106,15 +109,30 @@ async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurren
         name = next(iter(functions))
         async with gate:
             started = time.perf_counter()
+            budget = max_tokens
             try:
-                whole, finish, forced = await run_one(state, functions, "required", False, max_tokens, i)
+                try:
+                    whole, finish, forced = await run_one(state, functions, "required", False, budget, i)
+                except APIError as exc:
+                    # As a client would: a budget under the calls' shortest valid form is a 400 that
+                    # names the minimum; ask again with that much plus headroom.
+                    needed = re.search(r"ask for at least (\d+)", exc.message) if exc.code == "budget_too_small" else None
+                    if needed is None:
+                        raise
+                    budget = int(needed.group(1)) + 20
+                    outcome["budget_raised"] += 1
+                    whole, finish, forced = await run_one(state, functions, "required", False, budget, i)
+                streamed, stream_finish, _ = await run_one(state, functions, "required", True, budget, i)
+                auto, auto_finish, _ = await run_one(state, functions, "auto", False, budget, i)
             except APIError as exc:
                 key = exc.code or "error"
                 outcome["refused"][key] = outcome["refused"].get(key, 0) + 1
                 print(f"{i:4} {name[:40]:40} refused: {exc.message[:80]}")
                 return
-            streamed, stream_finish, _ = await run_one(state, functions, "required", True, max_tokens, i)
-            auto, auto_finish, _ = await run_one(state, functions, "auto", False, max_tokens, i)
+            except Exception as exc:  # noqa: BLE001 - a failure is a result; the run goes on
+                outcome["failed"].append(f"{i} {name}: {type(exc).__name__}: {exc}"[:300])
+                print(f"{i:4} {name[:40]:40} FAILED: {outcome['failed'][-1]}", flush=True)
+                return
         outcome["length_cut"] += finish == "length"
         outcome["budget_forced"] += bool(forced)
         outcome["stream_equal"] += whole == streamed
@@ -125,9 +143,17 @@ async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurren
         outcome["seconds"].append(time.perf_counter() - started)
         print(f"{i:4} {name[:40]:40} {len(functions)} tools " + " ".join(f"{k}={v}" for k, v in verdicts.items())
               + f" {outcome['seconds'][-1]:.1f}s", flush=True)
+        if len(outcome["seconds"]) % 50 == 0:  # a long run leaves its results so far
+            save(outcome, len(rows), complete=False)
 
     await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
     return outcome
+
+
+def save(outcome: dict, schemas: int, complete: bool) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "tool_bench.json").write_text(json.dumps({"schemas": schemas, "complete": complete, **outcome},
+                                                        indent=2))
 
 
 def main() -> None:
@@ -156,9 +182,9 @@ def main() -> None:
         print(f"{key:18} {valid:7} {share:7.1%}  {counts}")
     print(f"streamed calls equal to non-streamed: {outcome['stream_equal']}/{served}; "
           f"cut by max_tokens: {outcome['length_cut']}; closed by the budget (maskd_budget_forced): "
-          f"{outcome['budget_forced']}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "tool_bench.json").write_text(json.dumps({"schemas": len(rows), **outcome}, indent=2))
+          f"{outcome['budget_forced']}; max_tokens raised to the stated minimum + 20: {outcome['budget_raised']}")
+    print(f"failed (an exception, not a verdict): {len(outcome['failed'])}")
+    save(outcome, len(rows), complete=True)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
