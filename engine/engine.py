@@ -16,7 +16,7 @@ import torch
 from engine.metrics import EngineMetrics
 from engine.model_runner import ModelRunner
 from engine.radix_cache import RadixCache
-from engine.sampling import sample
+from engine.sampling import apply_logit_bias, sample
 from engine.scheduler import QueueFull, Scheduler
 from engine.sequence import Event, Request, Sequence
 
@@ -176,6 +176,7 @@ class Engine:
         for seq in seqs:
             seq.tokens_left = min(seq.params.max_tokens - len(seq.output_ids),
                                   self.context_length - seq.num_tokens)
+        apply_logit_bias(logits, seqs)
         for hook in self.logits_hooks:
             hook(logits, seqs)
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])

@@ -18,6 +18,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     @property
     def greedy(self) -> bool:
@@ -30,6 +31,19 @@ class SamplingParams:
         generator = torch.Generator(device="cpu")
         generator.manual_seed(self.seed if self.seed is not None else random.getrandbits(63))
         return generator
+
+
+def apply_logit_bias(logits: torch.Tensor, seqs) -> None:
+    """logits: [B, V], one row per seq; adds each request's logit_bias in place, before the
+    constraint masks (a masked token stays masked whatever its bias)."""
+    for row, seq in enumerate(seqs):
+        if not seq.params.logit_bias:
+            continue
+        if seq.bias is None:  # once per request: its ids and values as tensors on the logits' device
+            bias = seq.params.logit_bias
+            seq.bias = (torch.tensor(list(bias), dtype=torch.int64, device=logits.device),
+                        torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device))
+        logits[row].index_add_(0, *seq.bias)
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

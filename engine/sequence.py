@@ -80,6 +80,7 @@ class Sequence:
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
         self.prefix_node = None  # the prefix cache node this request locks (engine.radix_cache.RadixNode)
         self.tokens_left = request.params.max_tokens  # set by the engine before each step's masks
+        self.bias = None  # (ids, values) tensors of params.logit_bias, made on first use (sampling.py)
         self.first_token_at: float | None = None
         self.cancelled = False
         self.finish_reason: str | None = None

@@ -68,7 +68,7 @@ def _request(state: ServerState, body: CompletionRequest) -> Request:
         raise APIError(f"max_tokens {body.max_tokens} + prompt {len(ids)} tokens exceed the context of "
                        f"{state.context_length}; ask for at most {max(room, 0)}", param="max_tokens",
                        code="context_length_exceeded")
-    return Request(prompt_ids=ids, params=body.sampling_params(body.max_tokens))
+    return Request(prompt_ids=ids, params=body.sampling_params(body.max_tokens, state.vocabulary.size))
 
 
 async def complete_text(state: ServerState, body: CompletionRequest) -> Completion:

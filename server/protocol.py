@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.sampling import SamplingParams
+from server.errors import APIError
 
 
 class _Open(BaseModel):
@@ -85,6 +86,17 @@ class SamplingRequest(_Open):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # maskd extension, for benchmarks
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias added to its logit
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value):
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must lie in [-100, 100], got {bias} for token {key}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -95,9 +107,16 @@ class SamplingRequest(_Open):
             raise ValueError("at most 4 stop sequences")
         return value
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, vocab_size: int) -> SamplingParams:
+        """Raises APIError when a logit_bias token lies outside the vocabulary."""
+        bias = {int(key): value for key, value in (self.logit_bias or {}).items()}
+        outside = [token for token in bias if token >= vocab_size]
+        if outside:
+            raise APIError(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {vocab_size})",
+                           param="logit_bias")
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=self.seed, stop=self.stop or [], ignore_eos=self.ignore_eos)
+                              top_k=self.top_k, seed=self.seed, stop=self.stop or [], ignore_eos=self.ignore_eos,
+                              logit_bias=bias)
 
 
 class ChatCompletionRequest(SamplingRequest):

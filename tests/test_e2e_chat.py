@@ -76,6 +76,9 @@ def test_stop_sequence(client):
     (dict(messages=ASK, max_tokens=100000), 400, "max_tokens"),
     (dict(messages=ASK, presence_penalty=0.5), 400, "presence_penalty"),
     (dict(messages=ASK, model="gpt-4o"), 404, "model"),
+    (dict(messages=ASK, logit_bias={"banana": 5}), 400, "logit_bias"),
+    (dict(messages=ASK, logit_bias={"42": 101}), 400, "logit_bias"),
+    (dict(messages=ASK, logit_bias={"9999999": 5}), 400, "logit_bias"),
 ])
 def test_bad_requests_get_openai_errors_naming_the_field(client, kwargs, status, param):
     kwargs = {"model": MODEL, "max_tokens": 4, **kwargs}
@@ -84,6 +87,15 @@ def test_bad_requests_get_openai_errors_naming_the_field(client, kwargs, status,
     assert err.value.status_code == status
     body = err.value.body
     assert body["param"] == param and body["message"] and body["type"]
+
+
+def test_logit_bias_steers_the_tokens(client, smollm_tokenizer):
+    (token,) = smollm_tokenizer.encode(" banana", add_special_tokens=False)
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, temperature=0,
+                                           logit_bias={str(token): 100})
+    assert reply.choices[0].message.content == " banana" * 3
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, temperature=0)
+    assert "banana" not in plain.choices[0].message.content
 
 
 def test_malformed_json_is_a_400_and_server_keeps_serving(server_url, client):

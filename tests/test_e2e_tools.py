@@ -94,6 +94,23 @@ def test_auto_calls_are_valid_whenever_present(client, seed):
                                                       for c in message.tool_calls or []]
 
 
+def test_auto_with_the_delimiter_favoured_makes_a_valid_call(client, smollm_tokenizer):
+    """logit_bias on the tokens of `<tool_call>` makes this small model open a call in auto; from
+    then on the lazy grammar holds it to a known tool and valid arguments."""
+    bias = {str(t): 30 for t in smollm_tokenizer.encode("<tool_call>", add_special_tokens=False)}
+    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=80, temperature=0,
+                  parallel_tool_calls=False, logit_bias=bias)
+    reply = client.chat.completions.create(**kwargs)
+    message = reply.choices[0].message
+    valid_calls(message)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert "<tool_call>" not in (message.content or "")
+    content, calls, _ = streamed(client, **kwargs)
+    assert content == (message.content or "")
+    assert [(n, a) for _, n, a in calls.values()] == [(c.function.name, c.function.arguments)
+                                                      for c in message.tool_calls]
+
+
 def test_tool_choice_none_answers_in_text(client):
     reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none",
                                            max_tokens=10, temperature=0)

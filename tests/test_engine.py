@@ -81,6 +81,38 @@ def test_stop_string_cuts_the_text(engine, smollm_tokenizer):
     assert events[-1].finish_reason == "stop"
 
 
+def test_logit_bias_favours_and_bans_tokens_per_request(engine, smollm_tokenizer):
+    ids = prompt(smollm_tokenizer)
+
+    def greedy(bias, n=6):
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, logit_bias=bias)
+        return [t for e in run(engine, Request(prompt_ids=ids, params=params)) for t in e.token_ids]
+
+    free = greedy({})
+    assert greedy({500: 100.0}) == [500] * 6
+    banned = greedy({free[0]: -100.0})
+    assert free[0] not in banned[:1] and banned != free
+    assert greedy({}) == free  # the bias belonged to those requests alone
+
+
+def test_logit_bias_never_unmasks_a_token(tiny_model, smollm_tokenizer):
+    allowed = smollm_tokenizer.encode(" yes no", add_special_tokens=False)
+
+    def only_allowed(logits, seqs):  # logits [B, V], as a constraint mask does it
+        keep = logits[:, allowed].clone()
+        logits.fill_(float("-inf"))
+        logits[:, allowed] = keep
+
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=[only_allowed])
+    eng.start()
+    try:
+        params = SamplingParams(max_tokens=5, temperature=0, logit_bias={500: 100.0})
+        events = run(eng, Request(prompt_ids=prompt(smollm_tokenizer), params=params))
+    finally:
+        eng.shutdown()
+    assert all(t in allowed for e in events for t in e.token_ids)
+
+
 def test_logits_hook_edits_every_step(tiny_model, smollm_tokenizer):
     allowed = smollm_tokenizer.encode(" yes no", add_special_tokens=False)
     seen_shapes = []
