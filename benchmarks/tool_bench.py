@@ -4,7 +4,9 @@
 
 Each BFCL schema is {"<function name>": <parameters>}: it is sent as one tool through maskd's chat
 path (the same code the HTTP routes run: prompt rendering, grammar, engine, parsing), once with
-tool_choice "required" non-streamed and streamed, once with "auto". A response counts as valid when
+tool_choice "required" non-streamed and streamed, once with "auto" and a logit_bias favouring the
+tokens of the call-opening delimiter (without it this 135M model rarely opens a call; --plain-auto
+adds the unbiased run). A response counts as valid when
 it has tool calls, each to a known tool, whose arguments parse and validate (jsonschema). Schemas
 the server refuses (400: a keyword it cannot enforce, a compile timeout) are counted apart. Where
 --max-tokens is under a schema's shortest valid call, the 400 states the minimum and that schema
@@ -29,6 +31,7 @@ from engine.engine import Engine
 from engine.model_loader import load_model
 from engine.registry import load_registry
 from grammars import GrammarCompiler, TokenVocabulary
+from grammars.tool_formats import get_tool_format
 from server import chat
 from server.errors import APIError
 from server.protocol import ChatCompletionRequest
@@ -71,14 +74,20 @@ def check(calls: list[tuple[str, str]], finish: str, functions: dict[str, dict])
     return "valid"
 
 
+def delimiter_bias(state: ServerState) -> dict[str, float]:
+    """logit_bias favouring the tokens of the model's call-opening delimiter (`<tool_call>`)."""
+    opening = get_tool_format(state.tool_format).open
+    return {str(t): 30.0 for t in state.tokenizer.encode(opening, add_special_tokens=False)}
+
+
 async def run_one(state: ServerState, functions: dict[str, dict], mode: str, stream: bool, max_tokens: int,
-                  seed: int):
+                  seed: int, bias: dict[str, float] | None = None):
     body = ChatCompletionRequest(
         model=state.model_name, max_tokens=max_tokens, temperature=0.0 if mode == "required" else 0.7, seed=seed,
         messages=[{"role": "user", "content": f"Call {next(iter(functions))} with sensible arguments."}],
         tools=[{"type": "function", "function": {"name": name, "parameters": params}}
                for name, params in functions.items()],
-        tool_choice=mode, parallel_tool_calls=False, stream=stream)
+        tool_choice=mode, parallel_tool_calls=False, stream=stream, logit_bias=bias)
     if not stream:
         reply = await chat.complete(state, body)
         message = reply.choices[0].message
@@ -99,8 +108,9 @@ async def run_one(state: ServerState, functions: dict[str, dict], mode: str, str
     return [tuple(calls[i]) for i in sorted(calls)], finish, None
 
 
-async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurrency: int) -> dict:
-    outcome = {"refused": {}, "required": {}, "required_stream": {}, "auto": {}, "stream_equal": 0,
+async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurrency: int, plain_auto: bool) -> dict:
+    bias = delimiter_bias(state)
+    outcome = {"refused": {}, "required": {}, "required_stream": {}, "auto": {}, "auto_plain": {}, "stream_equal": 0,
                "length_cut": 0, "budget_forced": 0, "budget_raised": 0, "failed": [], "seconds": []}
     gate = asyncio.Semaphore(concurrency)  # schemas in flight at once (the engine batches them)
 
@@ -123,7 +133,8 @@ async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurren
                     outcome["budget_raised"] += 1
                     whole, finish, forced = await run_one(state, functions, "required", False, budget, i)
                 streamed, stream_finish, _ = await run_one(state, functions, "required", True, budget, i)
-                auto, auto_finish, _ = await run_one(state, functions, "auto", False, budget, i)
+                auto, auto_finish, _ = await run_one(state, functions, "auto", False, budget, i, bias)
+                plain = await run_one(state, functions, "auto", False, budget, i) if plain_auto else None
             except APIError as exc:
                 key = exc.code or "error"
                 outcome["refused"][key] = outcome["refused"].get(key, 0) + 1
@@ -138,6 +149,8 @@ async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurren
         outcome["stream_equal"] += whole == streamed
         verdicts = {"required": check(whole, finish, functions), "required_stream": check(streamed, stream_finish, functions),
                     "auto": check(auto, auto_finish, functions)}
+        if plain is not None:
+            verdicts["auto_plain"] = check(plain[0], plain[1], functions)
         for key, verdict in verdicts.items():
             outcome[key][verdict] = outcome[key].get(verdict, 0) + 1
         outcome["seconds"].append(time.perf_counter() - started)
@@ -162,10 +175,12 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=1, help="take every k-th schema (a spread sample)")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=1, help="schemas in flight at once (batched)")
+    parser.add_argument("--plain-auto", action="store_true",
+                        help="also run auto without the delimiter bias (this model then rarely calls)")
     args = parser.parse_args()
     rows = [json.loads(line) for line in gzip.open(DATA, "rt")][::args.stride][:args.limit]
     state = load_state()
-    outcome = asyncio.run(bench(state, rows, args.max_tokens, args.concurrency))
+    outcome = asyncio.run(bench(state, rows, args.max_tokens, args.concurrency, args.plain_auto))
     state.engine.shutdown()
     state.compiler.close()
 
@@ -174,10 +189,12 @@ def main() -> None:
           f"{outcome['refused']}")
     print("share = valid / responses that ended by themselves (and, for auto, that made a call)")
     print(f"{'mode':18} {'valid':>7} {'share':>7}  outcomes")
-    for key in ("required", "required_stream", "auto"):
+    for key in ("required", "required_stream", "auto", "auto_plain"):
+        if key == "auto_plain" and not args.plain_auto:
+            continue
         counts = outcome[key]
         valid = counts.get("valid", 0)
-        judged = served - counts.get("cut_by_max_tokens", 0) - (counts.get("no_call", 0) if key == "auto" else 0)
+        judged = served - counts.get("cut_by_max_tokens", 0) - (counts.get("no_call", 0) if "auto" in key else 0)
         share = valid / judged if judged else 0.0
         print(f"{key:18} {valid:7} {share:7.1%}  {counts}")
     print(f"streamed calls equal to non-streamed: {outcome['stream_equal']}/{served}; "
@@ -189,7 +206,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    keys = ("required", "required_stream", "auto")
+    keys = tuple(k for k in ("required", "required_stream", "auto", "auto_plain") if outcome[k])
     verdicts = sorted({v for k in keys for v in outcome[k]})
     bottom = [0] * len(keys)
     for verdict in verdicts:
