@@ -1,6 +1,6 @@
 """Tool-call validity over MaskBench's BFCL function schemas, with the embedded model.
 
-    python benchmarks/tool_bench.py [--stride K] [--limit N] [--max-tokens 200] [--concurrency C]
+    python benchmarks/tool_bench.py [--stride K] [--limit N] [--max-tokens 96] [--concurrency 8] [--resume]
 
 Each BFCL schema is {"<function name>": <parameters>}: it is sent as one tool through maskd's chat
 path (the same code the HTTP routes run: prompt rendering, grammar, engine, parsing), once with
@@ -11,7 +11,9 @@ it has tool calls, each to a known tool, whose arguments parse and validate (jso
 the server refuses (400: a keyword it cannot enforce, a compile timeout) are counted apart. Where
 --max-tokens is under a schema's shortest valid call, the 400 states the minimum and that schema
 is run with the minimum + 20 (counted as budget_raised).
-Prints a table, writes benchmarks/results/tool_bench.json and tool_bench.png.
+Each schema's outcome is appended to benchmarks/results/tool_bench_records.jsonl as it ends, so a
+run over all 1,043 schemas (hours on 2 CPU cores) can stop and go on with --resume. Prints a table
+over the selected schemas' records, writes benchmarks/results/tool_bench.json and tool_bench.png.
 """
 
 from __future__ import annotations
@@ -108,15 +110,16 @@ async def run_one(state: ServerState, functions: dict[str, dict], mode: str, str
     return [tuple(calls[i]) for i in sorted(calls)], finish, None
 
 
-async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurrency: int, plain_auto: bool) -> dict:
+async def bench(state: ServerState, rows: list[tuple[int, dict]], max_tokens: int, concurrency: int,
+                plain_auto: bool, log) -> None:
+    """Runs each (BFCL line, row) and appends one JSON record per schema to ``log``."""
     bias = delimiter_bias(state)
-    outcome = {"refused": {}, "required": {}, "required_stream": {}, "auto": {}, "auto_plain": {}, "stream_equal": 0,
-               "length_cut": 0, "budget_forced": 0, "budget_raised": 0, "failed": [], "seconds": []}
     gate = asyncio.Semaphore(concurrency)  # schemas in flight at once (the engine batches them)
 
     async def one(i: int, row: dict) -> None:
         functions = functions_of(row["schema"])
         name = next(iter(functions))
+        record = {"line": i, "name": name, "tools": len(functions), "max_tokens": max_tokens}
         async with gate:
             started = time.perf_counter()
             budget = max_tokens
@@ -129,68 +132,64 @@ async def bench(state: ServerState, rows: list[dict], max_tokens: int, concurren
                     needed = re.search(r"ask for at least (\d+)", exc.message) if exc.code == "budget_too_small" else None
                     if needed is None:
                         raise
-                    budget = int(needed.group(1)) + 20
-                    outcome["budget_raised"] += 1
+                    budget = record["budget_raised_to"] = int(needed.group(1)) + 20
                     whole, finish, forced = await run_one(state, functions, "required", False, budget, i)
                 streamed, stream_finish, _ = await run_one(state, functions, "required", True, budget, i)
                 auto, auto_finish, _ = await run_one(state, functions, "auto", False, budget, i, bias)
                 plain = await run_one(state, functions, "auto", False, budget, i) if plain_auto else None
             except APIError as exc:
-                key = exc.code or "error"
-                outcome["refused"][key] = outcome["refused"].get(key, 0) + 1
-                print(f"{i:4} {name[:40]:40} refused: {exc.message[:80]}")
-                return
+                record["refused"] = exc.code or "error"
+                record["message"] = exc.message[:300]
             except Exception as exc:  # noqa: BLE001 - a failure is a result; the run goes on
-                outcome["failed"].append(f"{i} {name}: {type(exc).__name__}: {exc}"[:300])
-                print(f"{i:4} {name[:40]:40} FAILED: {outcome['failed'][-1]}", flush=True)
-                return
-        outcome["length_cut"] += finish == "length"
-        outcome["budget_forced"] += bool(forced)
-        outcome["stream_equal"] += whole == streamed
-        verdicts = {"required": check(whole, finish, functions), "required_stream": check(streamed, stream_finish, functions),
-                    "auto": check(auto, auto_finish, functions)}
-        if plain is not None:
-            verdicts["auto_plain"] = check(plain[0], plain[1], functions)
-        for key, verdict in verdicts.items():
-            outcome[key][verdict] = outcome[key].get(verdict, 0) + 1
-        outcome["seconds"].append(time.perf_counter() - started)
+                record["failed"] = f"{type(exc).__name__}: {exc}"[:300]
+            else:
+                record.update(
+                    required=check(whole, finish, functions), required_stream=check(streamed, stream_finish, functions),
+                    auto=check(auto, auto_finish, functions), stream_equal=whole == streamed,
+                    length_cut=finish == "length", budget_forced=bool(forced), auto_calls=len(auto))
+                if plain is not None:
+                    record["auto_plain"] = check(plain[0], plain[1], functions)
+            record["seconds"] = round(time.perf_counter() - started, 2)
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        verdicts = {k: record[k] for k in ("required", "required_stream", "auto", "auto_plain", "refused", "failed")
+                    if k in record}
         print(f"{i:4} {name[:40]:40} {len(functions)} tools " + " ".join(f"{k}={v}" for k, v in verdicts.items())
-              + f" {outcome['seconds'][-1]:.1f}s", flush=True)
-        if len(outcome["seconds"]) % 50 == 0:  # a long run leaves its results so far
-            save(outcome, len(rows), complete=False)
+              + f" {record['seconds']:.1f}s", flush=True)
 
-    await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
-    return outcome
+    await asyncio.gather(*(one(i, row) for i, row in rows))
 
 
-def save(outcome: dict, schemas: int, complete: bool) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "tool_bench.json").write_text(json.dumps({"schemas": schemas, "complete": complete, **outcome},
-                                                        indent=2))
+def tally(records: list[dict]) -> dict:
+    """The counts over per-schema records (see bench)."""
+    out = {"schemas": len(records), "refused": {}, "failed": [], "required": {}, "required_stream": {}, "auto": {},
+           "auto_plain": {}, "stream_equal": 0, "length_cut": 0, "budget_forced": 0, "budget_raised": 0,
+           "auto_calls": 0, "seconds": []}
+    for r in records:
+        if "refused" in r:
+            out["refused"][r["refused"]] = out["refused"].get(r["refused"], 0) + 1
+            continue
+        if "failed" in r:
+            out["failed"].append(f"{r['line']} {r['name']}: {r['failed']}")
+            continue
+        for key in ("required", "required_stream", "auto", "auto_plain"):
+            if key in r:
+                out[key][r[key]] = out[key].get(r[key], 0) + 1
+        for key in ("stream_equal", "length_cut", "budget_forced", "auto_calls"):
+            out[key] += int(r[key])
+        out["budget_raised"] += "budget_raised_to" in r
+        out["seconds"].append(r["seconds"])
+    return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--limit", type=int, default=None, help="first N schemas (default: all 1,043)")
-    parser.add_argument("--stride", type=int, default=1, help="take every k-th schema (a spread sample)")
-    parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=1, help="schemas in flight at once (batched)")
-    parser.add_argument("--plain-auto", action="store_true",
-                        help="also run auto without the delimiter bias (this model then rarely calls)")
-    args = parser.parse_args()
-    rows = [json.loads(line) for line in gzip.open(DATA, "rt")][::args.stride][:args.limit]
-    state = load_state()
-    outcome = asyncio.run(bench(state, rows, args.max_tokens, args.concurrency, args.plain_auto))
-    state.engine.shutdown()
-    state.compiler.close()
-
+def report(outcome: dict, total: int, plain_auto: bool) -> None:
     served = len(outcome["seconds"])
-    print(f"\n{len(rows)} BFCL schemas; served {served}, refused {sum(outcome['refused'].values())} "
-          f"{outcome['refused']}")
+    print(f"\n{total} BFCL schemas selected, {outcome['schemas']} run; served {served}, refused "
+          f"{sum(outcome['refused'].values())} {outcome['refused']}")
     print("share = valid / responses that ended by themselves (and, for auto, that made a call)")
     print(f"{'mode':18} {'valid':>7} {'share':>7}  outcomes")
     for key in ("required", "required_stream", "auto", "auto_plain"):
-        if key == "auto_plain" and not args.plain_auto:
+        if key == "auto_plain" and not plain_auto:
             continue
         counts = outcome[key]
         valid = counts.get("valid", 0)
@@ -199,9 +198,44 @@ def main() -> None:
         print(f"{key:18} {valid:7} {share:7.1%}  {counts}")
     print(f"streamed calls equal to non-streamed: {outcome['stream_equal']}/{served}; "
           f"cut by max_tokens: {outcome['length_cut']}; closed by the budget (maskd_budget_forced): "
-          f"{outcome['budget_forced']}; max_tokens raised to the stated minimum + 20: {outcome['budget_raised']}")
+          f"{outcome['budget_forced']}; max_tokens raised to the stated minimum + 20: {outcome['budget_raised']}; "
+          f"calls made in auto: {outcome['auto_calls']}")
     print(f"failed (an exception, not a verdict): {len(outcome['failed'])}")
-    save(outcome, len(rows), complete=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--limit", type=int, default=None, help="first N schemas (default: all 1,043)")
+    parser.add_argument("--stride", type=int, default=1, help="take every k-th schema (a spread sample)")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--concurrency", type=int, default=8, help="schemas in flight at once (batched)")
+    parser.add_argument("--plain-auto", action="store_true",
+                        help="also run auto without the delimiter bias (this model then rarely calls)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the records already in the log and run only the schemas it lacks")
+    args = parser.parse_args()
+    lines = list(enumerate(json.loads(line) for line in gzip.open(DATA, "rt")))
+    rows = lines[::args.stride][:args.limit]
+    RESULTS.mkdir(exist_ok=True)
+    log_path = RESULTS / "tool_bench_records.jsonl"
+    done = {}
+    if args.resume and log_path.exists():
+        done = {r["line"]: r for r in map(json.loads, log_path.read_text().splitlines())}
+    todo = [(i, row) for i, row in rows if i not in done]
+    print(f"{len(rows)} schemas selected; {len(rows) - len(todo)} already in {log_path.name}; running {len(todo)}")
+    if todo:
+        state = load_state()
+        with open(log_path, "a" if args.resume else "w") as log:
+            asyncio.run(bench(state, todo, args.max_tokens, args.concurrency, args.plain_auto, log))
+        state.engine.shutdown()
+        state.compiler.close()
+    selected = {i for i, _ in rows}
+    records = [r for r in map(json.loads, log_path.read_text().splitlines()) if r["line"] in selected]
+    outcome = tally(records)
+    report(outcome, len(rows), args.plain_auto)
+    (RESULTS / "tool_bench.json").write_text(json.dumps(
+        {**outcome, "selected": len(rows), "complete": len(records) == len(rows)}, indent=2))
+    served = len(outcome["seconds"])
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
