@@ -28,6 +28,7 @@ Anything else is left as it is, for json_schema's checks to refuse.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from grammars.errors import GrammarError
@@ -71,9 +72,9 @@ def _lower_dependencies(node: dict, path: str) -> dict:
             if a in props and missing:
                 if a in required:
                     raise GrammarError(
-                        f"the JSON schema cannot be satisfied: {k} at {path}/{k}/{a} requires {missing[0]!r} "
-                        f"whenever {a!r} (a required property) is present, but only the properties listed in "
-                        f"`properties` are generated and {missing[0]!r} is not one of them; list it")
+                        f"the JSON schema leaves nothing to generate: {k} at {path}/{k}/{a} requires "
+                        f"{missing[0]!r} whenever {a!r} (a required property) is present, but only the properties "
+                        f"listed in `properties` are generated and {missing[0]!r} is not one of them; list it")
                 del props[a]
                 changed = True
     out = {k: v for k, v in node.items() if k not in keys}
@@ -113,9 +114,9 @@ def _lower_branches(node: dict, path: str) -> dict:
     kept = [m for m in merged if m is not False]
     if not kept:
         raise GrammarError(
-            f"the JSON schema cannot be satisfied: no branch of {key} at {path}/{key} can hold together with "
-            f"the properties/required next to it" + (" without also matching another branch (oneOf allows "
-            "exactly one)" if key == "oneOf" else "") + "; fix the schema")
+            f"the JSON schema leaves nothing to generate: no branch of {key} at {path}/{key} can be satisfied "
+            f"together with the properties/required next to it" + (" without also matching another branch (oneOf "
+            "allows exactly one)" if key == "oneOf" else "") + "; fix the schema")
     return {**{k: v for k, v in base.items() if k in ANNOTATIONS}, "anyOf": kept}
 
 
@@ -152,7 +153,7 @@ def _merge(base: dict, branch: dict) -> dict | bool | None:
 
 def _intersect(a: Any, b: Any) -> Any:
     """A schema for the values valid against both; False if there are none; None if unsure."""
-    if _strip(a) == _strip(b) or _is_any(b):
+    if _same(a, b) or _is_any(b):
         return a
     if _is_any(a):
         return b
@@ -197,7 +198,7 @@ def _matches(props: dict, other: dict) -> bool:
     theirs = other["properties"]
     if other.get("additionalProperties") is False and not set(props) <= set(theirs):
         return False
-    return all(_is_any(theirs[n]) or _strip(theirs[n]) == _strip(s) for n, s in props.items() if n in theirs)
+    return all(_is_any(theirs[n]) or _same(theirs[n], s) for n, s in props.items() if n in theirs)
 
 
 def _disjoint(a: Any, b: Any) -> bool:
@@ -211,8 +212,10 @@ def _disjoint(a: Any, b: Any) -> bool:
     return bool(ta and tb) and not ta & tb  # an integer is a number
 
 
-def _strip(s: Any) -> Any:
-    return {k: v for k, v in s.items() if k not in ANNOTATIONS} if isinstance(s, dict) else s
+def _same(a: Any, b: Any) -> bool:
+    """Equal once annotations are dropped (as JSON: Python has True == 1)."""
+    strip = lambda s: {k: v for k, v in s.items() if k not in ANNOTATIONS} if isinstance(s, dict) else s  # noqa: E731
+    return json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
 
 
 def _is_any(s: Any) -> bool:
@@ -227,8 +230,8 @@ def _values(s: dict) -> list | None:
 
 def _admits(s: dict, v: Any) -> bool:
     """Whether v passes s's type/enum/const (other keywords are not looked at)."""
-    same = lambda x: (type(x) is bool) == (type(v) is bool) and x == v  # noqa: E731 (True == 1 in Python)
-    if ("const" in s and not same(s["const"])) or ("enum" in s and not any(map(same, s["enum"]))):
+    equal = lambda x: (type(x) is bool) == (type(v) is bool) and x == v  # noqa: E731 (True == 1 in Python)
+    if ("const" in s and not equal(s["const"])) or ("enum" in s and not any(map(equal, s["enum"]))):
         return False
     types = _types(s)
     return not types or any(isinstance(v, _PY_TYPES.get(t, ())) and not (type(v) is bool and t != "boolean")

@@ -81,6 +81,11 @@ def test_empty_intersection_drops_the_branch_or_the_property():
     assert lower_object_branches(schema) == {"anyOf": [obj({"p": {"enum": ["a"]}})]}
 
 
+def test_true_is_not_1():
+    schema = {"type": "object", "properties": {"p": {"const": True}}, "anyOf": [{"properties": {"p": {"const": 1}}}]}
+    assert lower_object_branches(schema) == {"anyOf": [obj({})]}
+
+
 def test_additional_properties_false_limits_the_merged_properties():
     schema = {"type": "object", "properties": {"a": INT, "b": INT}, "additionalProperties": False,
               "anyOf": [{"properties": {"c": INT}}, {"required": ["c"]},  # c can never appear: unsatisfiable
