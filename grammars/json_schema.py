@@ -20,7 +20,8 @@ exponents (except when every bound is 0).  Bounds next to ``multipleOf``, ``anyO
 Whitespace is compact by default (``""``: no whitespace between JSON tokens), so the
 regex has one canonical form per value and no unbounded whitespace runs to loop in.
 Properties come in the order the schema lists them; additional properties are only
-generated when ``additionalProperties`` is a schema (outlines-core's behaviour).
+generated when ``additionalProperties`` is a schema and ``properties`` is absent (outlines-core's
+behaviour: beside ``properties`` it emits only the listed names, whatever ``additionalProperties`` says).
 """
 
 from __future__ import annotations

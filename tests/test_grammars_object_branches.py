@@ -259,3 +259,12 @@ def test_sampled_outputs_are_valid_against_the_original_schema(schema):
         instance = json.loads(_decode(grammar, seed))
         for validator in (jsonschema.Draft7Validator, jsonschema.Draft202012Validator):  # dependencies, dependentRequired
             validator(schema).validate(instance)
+
+
+@pytest.mark.parametrize("extra", [{}, {"additionalProperties": False}, {"additionalProperties": True},
+                                   {"additionalProperties": INT}])
+def test_outlines_core_never_emits_an_unlisted_property(extra):
+    # what the rewrites rest on (outlines-core 0.2.14): removing a name from `properties` forbids it
+    regex = re.compile(schema_to_regex({"type": "object", "properties": {"a": INT}, **extra}))
+    assert regex.fullmatch('{"a":1}') and regex.fullmatch("{}")
+    assert not regex.fullmatch('{"a":1,"b":2}') and not regex.fullmatch('{"b":2}')
