@@ -13,10 +13,15 @@ next to ``enum``/``const`` they filter the values.  Bounded numbers are generate
 exponents (except when every bound is 0).  Bounds next to ``multipleOf``, ``anyOf``,
 ``$ref``, ... or on a node without ``type`` are still refused.
 
+``anyOf``/``oneOf`` next to ``properties``/``required`` and ``dependencies`` /
+``dependentRequired`` are rewritten into plain branches where that is sound
+(object_branches.py); the others are refused.
+
 Whitespace is compact by default (``""``: no whitespace between JSON tokens), so the
 regex has one canonical form per value and no unbounded whitespace runs to loop in.
 Properties come in the order the schema lists them; additional properties are only
-generated when ``additionalProperties`` is a schema (outlines-core's behaviour).
+generated when ``additionalProperties`` is a schema and ``properties`` is absent (outlines-core's
+behaviour: beside ``properties`` it emits only the listed names, whatever ``additionalProperties`` says).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from outlines_core.json_schema import (
 
 from grammars.errors import GrammarError, UnsupportedSchemaError
 from grammars.numeric_bounds import bound_numbers, fill_placeholders
+from grammars.object_branches import lower_object_branches
 from grammars.schema_normalizer import ANNOTATIONS, normalize_schema
 
 COMPACT_WHITESPACE = ""
@@ -139,6 +145,7 @@ def check_schema(schema: dict, ignore_keywords: Iterable[str] = ()) -> None:
             f"a JSON schema must be an object (or true/false), got {type(schema).__name__}; "
             f"send the schema as a JSON object"
         )
+    schema = lower_object_branches(schema)  # object-level anyOf/oneOf and dependencies it can enforce
     _check(bound_numbers(schema)[0], "", frozenset(ignore_keywords))  # bounds it enforces are fine
 
 
@@ -159,7 +166,7 @@ def schema_to_regex(
         except json.JSONDecodeError as e:
             raise GrammarError(f"the JSON schema is not valid JSON ({e}); fix its syntax") from None
     check_schema(schema, ignore_keywords)
-    schema, numbers = bound_numbers(schema)
+    schema, numbers = bound_numbers(lower_object_branches(schema))
     ws = COMPACT_WHITESPACE if whitespace is None else whitespace
     normalized = normalize_schema(schema)
     try:
