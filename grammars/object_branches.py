@@ -19,9 +19,14 @@ absent or false). So a name can be removed from `properties` to forbid it.
   properties; a branch requiring all the other's names matches it too and is dropped.
 * `dependencies` (array form) / `dependentRequired` `A: [B, ...]`: dropped when A is never emitted;
   otherwise the Bs are added to `required`, exact when A is required and narrower when it is not (the
-  Bs then always appear). If some B is never emitted, A is removed from `properties` (an error when A
-  is required). A schema-valued `dependencies` / `dependentSchemas` entry is dropped only when A is
+  Bs then always appear). If some B is not in `properties`, an optional A is removed from them; a
+  required A gets the Bs listed with the `additionalProperties` schema or any value (an error when
+  that is false). A schema-valued `dependencies` / `dependentSchemas` entry is dropped only when A is
   never emitted.
+
+* An object node whose `required` names a property missing from `properties` (outlines-core would
+  ignore the name) gets it listed with the `additionalProperties` schema, or any value; an error
+  when `additionalProperties` is false.
 
 Anything else is left as it is, for json_schema's checks to refuse.
 """
@@ -41,6 +46,10 @@ _PY_TYPES = {"string": str, "number": (int, float), "integer": int, "boolean": b
              "null": type(None), "object": dict, "array": list}
 
 
+class NothingToGenerate(GrammarError):
+    """No instance of the (sub-)schema can be generated; a combinator branch like that is dropped."""
+
+
 def lower_object_branches(schema: Any) -> Any:
     """A copy of ``schema`` with the rewrites above applied at every sub-schema (input untouched)."""
     return _lower(schema, "")
@@ -49,8 +58,43 @@ def lower_object_branches(schema: Any) -> Any:
 def _lower(node: Any, path: str) -> Any:
     if not isinstance(node, dict):
         return node
+    for key in ("anyOf", "oneOf"):  # a branch with nothing to generate matches nothing: drop it
+        if isinstance(node.get(key), list):
+            kept = []
+            for i, branch in enumerate(node[key]):
+                try:
+                    kept.append(_lower(branch, f"{path}/{key}/{i}"))
+                except NothingToGenerate:
+                    continue
+            if not kept:
+                raise NothingToGenerate(f"the JSON schema leaves nothing to generate: no branch of {path}/{key} "
+                                        "can be generated")
+            node = {**node, key: kept}
     node = map_subschemas(node, path, _lower)
-    return _lower_branches(_lower_dependencies(node, path), path)
+    node = _list_required(_lower_branches(_lower_dependencies(node, path), path), path)
+    if isinstance(node.get("anyOf"), list):  # branches merged above (idempotent on the others)
+        node = {**node, "anyOf": [_list_required(b, f"{path}/anyOf/{i}") for i, b in enumerate(node["anyOf"])]}
+    return node
+
+
+def _list_required(node: Any, path: str) -> Any:
+    """An object node whose `required` names a property missing from `properties` gets it listed,
+    with the `additionalProperties` schema (any value when absent or true): outlines-core ignores
+    required names that are not listed, and emits only listed names once there are some."""
+    if not isinstance(node, dict) or not isinstance(node.get("required"), list):
+        return node
+    if "properties" not in node and node.get("type") != "object":
+        return node  # a bare `required` fragment (a combinator branch): lowered above or refused
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    missing = [name for name in node["required"] if isinstance(name, str) and name not in props]
+    if not missing:
+        return node
+    extra = node.get("additionalProperties", True)
+    if extra is False:
+        raise NothingToGenerate(
+            f"the JSON schema leaves nothing to generate: {path or '/'} requires {missing[0]!r}, which is not "
+            f"in its `properties`, and `additionalProperties` is false; list {missing[0]!r} in `properties`")
+    return {**node, "properties": {**props, **{name: {} if extra is True else extra for name in missing}}}
 
 
 def _lower_dependencies(node: dict, path: str) -> dict:
@@ -69,9 +113,14 @@ def _lower_dependencies(node: dict, path: str) -> dict:
         changed = False
         for k, a, bs in arrays:
             missing = [b for b in bs if not emitted(b)]
-            if a in props and missing:
+            extra = node.get("additionalProperties", True)
+            if a in props and missing and a in required and extra is not False:
+                # JSON Schema allows the Bs as additional properties: list them so they are generated
+                props.update({b: {} if extra is True else extra for b in missing})
+                changed = True
+            elif a in props and missing:
                 if a in required:
-                    raise GrammarError(
+                    raise NothingToGenerate(
                         f"the JSON schema leaves nothing to generate: {k} at {path}/{k}/{a} requires "
                         f"{missing[0]!r} whenever {a!r} (a required property) is present, but only the properties "
                         f"listed in `properties` are generated and {missing[0]!r} is not one of them; list it")
@@ -113,7 +162,7 @@ def _lower_branches(node: dict, path: str) -> dict:
             return node
     kept = [m for m in merged if m is not False]
     if not kept:
-        raise GrammarError(
+        raise NothingToGenerate(
             f"the JSON schema leaves nothing to generate: no branch of {key} at {path}/{key} can be satisfied "
             f"together with the properties/required next to it" + (" without also matching another branch (oneOf "
             "allows exactly one)" if key == "oneOf" else "") + "; fix the schema")

@@ -167,8 +167,17 @@ def test_dependency_on_an_unlisted_property_removes_the_optional_one():
     assert lower_object_branches(schema) == {"type": "object", "properties": {"h": NUM}}
 
 
-def test_dependency_on_an_unlisted_property_of_a_required_one_is_an_error():
+def test_dependency_of_a_required_property_on_an_unlisted_one_lists_it():
+    # MaskBench Glaiveai2K #61: JSON Schema allows "t" as an additional property, so it is generated
     schema = {"type": "object", "properties": {"base": NUM}, "required": ["base"], "dependencies": {"base": ["t"]}}
+    assert lower_object_branches(schema) == obj({"base": NUM, "t": {}}, ["base", "t"])
+    regex = re.compile(schema_to_regex(schema))
+    assert regex.fullmatch('{"base":1,"t":null}') and not regex.fullmatch('{"base":1}')
+
+
+def test_dependency_of_a_required_property_on_one_it_can_never_have_is_an_error():
+    schema = {"type": "object", "properties": {"base": NUM}, "required": ["base"], "additionalProperties": False,
+              "dependencies": {"base": ["t"]}}
     with pytest.raises(GrammarError, match="dependencies at /dependencies/base requires 't'"):
         schema_to_regex(schema)
 
@@ -259,6 +268,32 @@ def test_sampled_outputs_are_valid_against_the_original_schema(schema):
         instance = json.loads(_decode(grammar, seed))
         for validator in (jsonschema.Draft7Validator, jsonschema.Draft202012Validator):  # dependencies, dependentRequired
             validator(schema).validate(instance)
+
+
+@pytest.mark.parametrize("schema,listed", [
+    (obj({"a": INT}, ["a", "b"]), obj({"a": INT, "b": {}}, ["a", "b"])),
+    ({"type": "object", "required": ["b"]}, {"type": "object", "required": ["b"], "properties": {"b": {}}}),
+    (obj({"a": INT}, ["b"], additionalProperties=STR), obj({"a": INT, "b": STR}, ["b"], additionalProperties=STR)),
+])
+def test_required_names_missing_from_properties_are_listed(schema, listed):
+    assert lower_object_branches(schema) == listed
+    regex = re.compile(schema_to_regex(schema))
+    assert not regex.fullmatch('{"a":1}') and not regex.fullmatch("{}")
+    assert regex.fullmatch('{"b":"x"}') or regex.fullmatch('{"a":1,"b":"x"}')
+
+
+def test_a_branch_requiring_a_name_it_can_never_have_is_dropped():
+    # MaskBench Github_trivial #3 (PutRequest): the second branch requires "keys", never listed
+    ok = obj({"key": STR}, ["key"], additionalProperties=False)
+    schema = {"type": "object", "oneOf": [ok, obj({"keyValues": INT}, ["keys"], additionalProperties=False)]}
+    assert lower_object_branches(schema) == {"anyOf": [ok]}
+    regex = re.compile(schema_to_regex(schema))
+    assert regex.fullmatch('{"key":"a"}') and not regex.fullmatch('{"keyValues":1}')
+
+
+def test_a_required_name_that_can_never_appear_is_an_error():
+    with pytest.raises(GrammarError, match="nothing to generate"):
+        schema_to_regex(obj({"a": INT}, ["a", "b"], additionalProperties=False))
 
 
 @pytest.mark.parametrize("extra", [{}, {"additionalProperties": False}, {"additionalProperties": True},
