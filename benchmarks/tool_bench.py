@@ -48,7 +48,8 @@ def load_state() -> ServerState:
     vocabulary = TokenVocabulary.from_tokenizer(loaded.tokenizer, loaded.vocab_size,
                                                 extra_eos_token_ids=tuple(loaded.eos_token_ids))
     engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
-                    logits_hooks=[ConstraintMasker(loaded.vocab_size, 8)])
+                    logits_hooks=[ConstraintMasker(loaded.vocab_size, 8)],
+                    prefix_cache_bytes=512 << 20)  # as `maskd serve` (--prefix-cache-mb 512)
     engine.start()
     return ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
                        GrammarCompiler(vocabulary, timeout_s=10.0), vocabulary)
