@@ -11,6 +11,9 @@ per-state sparse id lists on CPU, stored at compile time), first visits of state
 (each turns the state's stored int32 ids into a tensor once); maskd-warm repeats the same walks
 with every state memoised; maskd-packed repeats them with the packed-bitmask apply (fill +
 apply_token_bitmask_inplace, the CUDA path), its rows memoised by an untimed run first.
+"valid output": of the schemas an engine compiled, how many gave an output (random logits, budget =
+shortest valid length + 30, so budget-aware masks close it) that validates with jsonschema against
+the original schema; for outlines-core used directly, whatever constraints it drops show up here.
 Writes benchmarks/results/grammar_bench.json and PNGs.
 """
 
@@ -45,6 +48,7 @@ from grammars import (  # noqa: E402
 )
 from engine.constraint_hook import ConstraintMasker  # noqa: E402
 from grammars.compile_worker import CompileWorker  # noqa: E402
+from grammars.compiled_grammar import CompiledGrammar  # noqa: E402
 
 DATA = "/work/shared/data/maskbench"
 SUBSETS = ["BFCL", "Glaiveai2K", "MCPspec", "JME"]
@@ -119,20 +123,22 @@ def generated_verdict(grammar, schema, tok, seed, slack=30):
 
 class OutlinesDirect:
     """outlines-core used directly: its schema-to-regex, then its Index built in a killable worker
-    under the same time limit (default whitespace, no schema checks)."""
+    under the same time limit (default whitespace, no schema checks).  Each compiled index also
+    decodes one output the way maskd's are (generated_verdict), to see what compiling means."""
 
     def __init__(self, vocab, timeout_s):
         from outlines_core.json_schema import build_regex_from_schema
 
-        self.to_regex, self.timeout_s = build_regex_from_schema, timeout_s
-        self.res = {"ok": 0, "timeout": 0, "error": 0, "cold_ms": []}
+        self.to_regex, self.vocab, self.timeout_s = build_regex_from_schema, vocab, timeout_s
+        self.res = {"ok": 0, "timeout": 0, "error": 0, "cold_ms": [], "generated": {}}
         self.worker = CompileWorker(pickle.dumps(vocab.outlines))
         self.worker.build("a", 60)  # start-up outside the timings
 
-    def compile(self, schema):
+    def compile(self, schema, tok):
         t = time.perf_counter()
         try:
-            self.worker.build(self.to_regex(json.dumps(schema)), self.timeout_s)
+            regex = self.to_regex(json.dumps(schema))
+            index = self.worker.build(regex, self.timeout_s)
         except CompileTimeout:
             self.res["timeout"] += 1
             return
@@ -141,6 +147,9 @@ class OutlinesDirect:
             return
         self.res["cold_ms"].append((time.perf_counter() - t) * 1e3)
         self.res["ok"] += 1
+        grammar = CompiledGrammar(index, regex, self.vocab, "outlines-direct")  # budget table for closing
+        verdict = generated_verdict(grammar, schema, tok, seed=self.res["ok"])
+        self.res["generated"][verdict] = self.res["generated"].get(verdict, 0) + 1
 
 
 def bench_maskd_and_outlines(schemas, vocab, timeout_s, keep, tok):
@@ -156,7 +165,7 @@ def bench_maskd_and_outlines(schemas, vocab, timeout_s, keep, tok):
         with GrammarCompiler(vocab, cache_dir=cache, timeout_s=timeout_s, lru_size=4) as compiler:
             for i, (_, schema) in enumerate(schemas):
                 progress("maskd and outlines-core", i, len(schemas))
-                outlines.compile(schema)
+                outlines.compile(schema, tok)
                 t = time.perf_counter()
                 try:
                     g = compiler.compile_json_schema(schema)
@@ -338,7 +347,8 @@ def mask_llguidance(handle, tok, vocab, steps):
 
 
 def summarize(name, res, total):
-    row = {"engine": name, "compiled": res.get("ok"), "total": total}
+    row = {"engine": name, "compiled": res.get("ok"), "total": total,
+           "valid_output": res["generated"].get("valid", 0) if "generated" in res else None}
     for key in ("cold_ms", "warm_us", "disk_ms"):
         vals = res.get(key) or []
         row[f"{key}_p50"] = pct(vals, 0.5)
@@ -408,11 +418,12 @@ def main():
             (llg_handle[0], llg_handle[1], llg_handle[2][:walks]), tok, vocab, args.steps)
 
     rows = [summarize(k, v, n) for k, v in compile_results.items() if "skipped" not in v]
-    print(f"\n{'engine':<14}{'compiled':>10}{'cold p50 ms':>13}{'cold p90 ms':>13}"
+    print(f"\n{'engine':<14}{'compiled':>11}{'valid output':>13}{'cold p50 ms':>13}{'cold p90 ms':>13}"
           f"{'warm p50 us':>13}{'warm p90 us':>13}{'disk p50 ms':>13}")
     fmt = lambda v: f"{v:13.2f}" if v is not None else f"{'-':>13}"  # noqa: E731
     for r in rows:
-        print(f"{r['engine']:<14}{r['compiled']:>6}/{r['total']:<3}" + "".join(
+        valid = "-" if r["valid_output"] is None else r["valid_output"]
+        print(f"{r['engine']:<14}{r['compiled']:>6}/{r['total']:<4}{valid:>13}" + "".join(
             fmt(r[k]) for k in ("cold_ms_p50", "cold_ms_p90", "warm_us_p50", "warm_us_p90",
                                 "disk_ms_p50")))
     for k, v in compile_results.items():
@@ -421,7 +432,8 @@ def main():
     print(f"maskd refusals by keyword: {maskd['unsupported_keywords']}; "
           f"timeouts {maskd['timeout']}, errors {maskd['error']}; outlines-core direct: "
           f"timeouts {outlines['timeout']}, errors {outlines['error']}")
-    print(f"maskd generated outputs (random logits, budget = shortest + 30), by jsonschema: {maskd['generated']}")
+    print(f"generated outputs (random logits, budget = shortest + 30), by jsonschema: maskd {maskd['generated']}, "
+          f"outlines-core direct {outlines['generated']}")
     print(f"\n{'engine':<14}{'tokens':>8}{'mask p50 us':>13}{'mask p99 us':>13}")
     for k, v in mask_us.items():
         print(f"{k:<14}{len(v):>8}{pct(v, 0.5):13.1f}{pct(v, 0.99):13.1f}")
