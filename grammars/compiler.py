@@ -1,7 +1,8 @@
 """GrammarCompiler: regex / JSON schema -> CompiledGrammar, cached in memory and on disk.
 
 Cache key: sha256 of the regex and the vocabulary fingerprint.  The memory cache is an
-LRU of CompiledGrammar objects (a hit is a dict lookup, ~1 us); the disk cache holds
+LRU of CompiledGrammar objects bounded in entries and in bytes (a hit is a dict lookup, ~1 us;
+the biggest BFCL grammars hold 80-250 MB each); the disk cache holds
 the pickled outlines-core Index and its BudgetTable (``<cache_dir>/<key>.index``; ~1 ms
 per MB to load).
 Misses are compiled in CompileWorker child processes with a time limit (see there
@@ -36,6 +37,7 @@ class GrammarCompiler:
         cache_dir: str | None = None,
         timeout_s: float = 10.0,
         lru_size: int = 256,
+        lru_bytes: int = 2 << 30,
         workers: int = 1,
         ignore_keywords: Iterable[str] = (),
         json_object_depth: int = 3,
@@ -46,6 +48,8 @@ class GrammarCompiler:
         self.cache_dir = cache_dir
         self.timeout_s = timeout_s
         self.lru_size = lru_size
+        self.lru_bytes = lru_bytes  # big BFCL grammars hold 80-250 MB each: count bytes, not entries
+        self._lru_held = 0
         self.ignore_keywords = tuple(ignore_keywords)
         self.json_object_depth = json_object_depth
         self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
@@ -152,10 +156,14 @@ class GrammarCompiler:
             return grammar
 
     def _memory_put(self, key: str, grammar: CompiledGrammar) -> None:
+        """Keeps at most ``lru_size`` grammars and ``lru_bytes`` (approx_bytes) but always the newest."""
         with self._lock:
+            old = self._lru.pop(key, None)
+            self._lru_held -= old.approx_bytes if old is not None else 0
             self._lru[key] = grammar
-            while len(self._lru) > self.lru_size:
-                self._lru.popitem(last=False)
+            self._lru_held += grammar.approx_bytes
+            while len(self._lru) > 1 and (len(self._lru) > self.lru_size or self._lru_held > self.lru_bytes):
+                self._lru_held -= self._lru.popitem(last=False)[1].approx_bytes
             self._inflight.pop(key, None)
 
     def _disk_path(self, key: str) -> str | None:

@@ -35,6 +35,24 @@ def test_memory_and_disk_cache(tmp_path):
         assert loaded.key == first.key and loaded.index.get_transitions() == first.index.get_transitions()
 
 
+def test_memory_cache_is_bounded_in_bytes_and_keeps_the_newest():
+    vocab = smollm2_vocabulary()
+    regexes = ["[0-9]{1,3}", "(yes|no)", "[a-z]{2,5}"]
+    with GrammarCompiler(vocab) as probe:
+        sizes = [probe.compile_regex(r).approx_bytes for r in regexes]
+    assert all(size > 0 for size in sizes)
+    with GrammarCompiler(vocab, lru_bytes=sizes[1] + sizes[2]) as compiler:
+        grammars = [compiler.compile_regex(r) for r in regexes]  # the first is evicted for the third
+        assert compiler.compile_regex(regexes[2]) is grammars[2]
+        assert compiler.compile_regex(regexes[1]) is grammars[1]
+        assert compiler.stats["compiles"] == 3
+        compiler.compile_regex(regexes[0])
+        assert compiler.stats["compiles"] == 4  # it had to be built again
+    with GrammarCompiler(vocab, lru_bytes=1) as tiny:  # smaller than any grammar: the newest stays
+        grammar = tiny.compile_regex(regexes[0])
+        assert tiny.compile_regex(regexes[0]) is grammar and tiny.stats["compiles"] == 1
+
+
 def test_timeout_does_not_block_caller():
     with GrammarCompiler(smollm2_vocabulary(), timeout_s=0.05) as compiler:
         compiler.compile_regex("[0-9]")  # worker is up; the limit applies to the compile
