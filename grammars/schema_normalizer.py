@@ -11,7 +11,8 @@ Works around three outlines-core 0.2.14 behaviours found on MaskBench:
   is treated as a full match.  We rewrite patterns into anchored, JSON-safe form.
 * ``format`` regexes: ``date`` uses ``\d`` (any Unicode digit in Rust regex),
   ``date-time``/``time`` accept a time without the offset RFC 3339 requires, ``uri``
-  and ``email`` can emit a raw ``"``; ``byte`` (OpenAPI's base64) has no regex there.  We replace
+  and ``email`` can emit a raw ``"``; ``byte`` (OpenAPI's base64), ``ipv4`` and ``uri-template``
+  have no regex there (``binary`` constrains nothing).  We replace
   these formats by ASCII, JSON-safe patterns (FORMAT_PATTERNS); ``\d``/``\w`` in user patterns become ASCII classes.
 * ``pattern`` together with ``minLength``/``maxLength`` silently drops the pattern.
   We fold the lengths into a ``^C+$``/``^C*$`` pattern, and refuse other combinations.
@@ -38,6 +39,11 @@ _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2
 _ATOM = r"[a-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _LABEL = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
 _URI_EXCLUDE = r'"\\\x00-\x20\x7F-\x9F'
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_PCT = r"%[0-9A-Fa-f]{2}"
+_URI_LITERAL = rf"[^\x00-\x20\x7F-\x9F\"'%<>\\^`{{|}}]|{_PCT}"
+_VARCHAR = rf"([A-Za-z0-9_]|{_PCT})"
+_VARSPEC = rf"{_VARCHAR}+(\.{_VARCHAR}+)*(:[1-9][0-9]{{0,3}}|\*)?"
 FORMAT_PATTERNS = {
     "date": f"^{_DATE}$",
     "time": f"^{_TIME}$",
@@ -47,7 +53,11 @@ FORMAT_PATTERNS = {
             rf"(/[^{_URI_EXCLUDE}?#]*)?(\?[^{_URI_EXCLUDE}#]*)?(#[^{_URI_EXCLUDE}]*)?"
             rf"|urn:[a-zA-Z0-9][a-zA-Z0-9-]{{0,31}}:[^{_URI_EXCLUDE}]+)$"),
     "byte": r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",  # base64 (RFC 4648, OpenAPI)
+    "ipv4": rf"^({_OCTET}\.){{3}}{_OCTET}$",
+    "uri-template": rf"^({_URI_LITERAL}|\{{[+#./;?&=,!@|]?{_VARSPEC}(,{_VARSPEC})*\}})*$",  # RFC 6570
 }
+# OpenAPI's `binary` (file content) puts no constraint on a JSON string's text.
+FORMATS_WITHOUT_CONSTRAINT = {"binary"}
 _SINGLE_ATOM = re.compile(r"^\^?(\[(?:[^\]\\]|\\.)+\]|\\[dw]|[A-Za-z0-9])([+*])\$?$")
 
 
@@ -140,6 +150,8 @@ def normalize_schema(node: Any, path: str = "") -> Any:
     if not isinstance(node, dict):
         return node
     out = map_subschemas(node, path, normalize_schema)
+    if out.get("format") in FORMATS_WITHOUT_CONSTRAINT:
+        out.pop("format")
     if out.get("format") in FORMAT_PATTERNS and "pattern" not in out:
         out["pattern"] = FORMAT_PATTERNS[out.pop("format")]
         return out  # already anchored and JSON-safe

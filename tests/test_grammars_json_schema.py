@@ -55,6 +55,10 @@ CASES = [  # (schema, valid texts, invalid texts)
      ['"no uri"', '"https://example.com/a\"b"']),
     ({"type": "string", "format": "email"}, ['"x@a.io"'], ['"\"q\"@a.io"']),
     ({"type": "string", "format": "byte"}, ['"aGVsbG8="', '""', '"YWJj"', '"YQ=="'], ['"abc"', '"a==="', '"aGVsbG8"']),
+    ({"type": "string", "format": "ipv4"}, ['"192.168.0.1"', '"0.0.0.0"'], ['"256.0.0.1"', '"1.2.3"', '"01.2.3.4"']),
+    ({"type": "string", "format": "uri-template"}, ['"/users{/id*}{?q,lang:2}"', '"https://x.org/{+path}"'],
+     ['"{}"', '"/a{b"', '"a b"', '"{x:0}"']),
+    ({"type": "string", "format": "binary"}, ['"any text at all"', '""'], ['1']),
     ({"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "required": ["a", "b"]},
      ['{"a":{"x":[1]},"b":2}', '{"a":null,"b":2}'], ["null", '{"a":1}']),
     ({"type": "object", "properties": {"a": {"type": "integer"}},
@@ -82,7 +86,7 @@ def test_supported_keywords(schema, valid, invalid):
     ("contains", {"type": "array", "contains": {"type": "integer"}}),
     ("minimum", {"type": "object", "properties": {"n": {"minimum": 0}}}),  # bounds need a type
     ("maximum", {"anyOf": [{"$ref": "#/$defs/x"}], "$defs": {"x": {"maximum": 3}}}),
-    ("format", {"type": "string", "format": "ipv4"}),
+    ("format", {"type": "string", "format": "ipv6"}),
     ("pattern", {"type": "string", "pattern": "^(a|b)c$", "minLength": 2}),
 ])
 def test_unsupported_keywords_are_named(keyword, schema):
