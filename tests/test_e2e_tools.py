@@ -78,10 +78,9 @@ def test_streamed_calls_equal_non_streamed_for_same_seed(client):
     assert content == ""
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_auto_calls_are_valid_whenever_present(client, seed):
-    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=60,
-                  temperature=1.0, seed=seed, parallel_tool_calls=False)
+def auto_reply(client, kwargs):
+    """The message of an auto request, checked: any calls valid and ending it, no delimiter in the
+    text, and the streamed answer the same."""
     reply = client.chat.completions.create(**kwargs)
     message = reply.choices[0].message
     if message.tool_calls:
@@ -92,6 +91,14 @@ def test_auto_calls_are_valid_whenever_present(client, seed):
     assert content == (message.content or "")
     assert [(n, a) for _, n, a in calls.values()] == [(c.function.name, c.function.arguments)
                                                       for c in message.tool_calls or []]
+    return message
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_auto_calls_are_valid_whenever_present(client, seed):
+    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=60,
+                  temperature=1.0, seed=seed, parallel_tool_calls=False)
+    message = auto_reply(client, kwargs)
 
 
 def test_auto_with_the_delimiter_favoured_makes_a_valid_call(client, smollm_tokenizer):
@@ -100,15 +107,7 @@ def test_auto_with_the_delimiter_favoured_makes_a_valid_call(client, smollm_toke
     bias = {str(t): 30 for t in smollm_tokenizer.encode("<tool_call>", add_special_tokens=False)}
     kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=80, temperature=0,
                   parallel_tool_calls=False, logit_bias=bias)
-    reply = client.chat.completions.create(**kwargs)
-    message = reply.choices[0].message
-    valid_calls(message)
-    assert reply.choices[0].finish_reason == "tool_calls"
-    assert "<tool_call>" not in (message.content or "")
-    content, calls, _ = streamed(client, **kwargs)
-    assert content == (message.content or "")
-    assert [(n, a) for _, n, a in calls.values()] == [(c.function.name, c.function.arguments)
-                                                      for c in message.tool_calls]
+    assert auto_reply(client, kwargs).tool_calls
 
 
 def test_tool_choice_none_answers_in_text(client):

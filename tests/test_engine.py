@@ -95,40 +95,38 @@ def test_logit_bias_favours_and_bans_tokens_per_request(engine, smollm_tokenizer
     assert greedy({}) == free  # the bias belonged to those requests alone
 
 
-def test_logit_bias_never_unmasks_a_token(tiny_model, smollm_tokenizer):
-    allowed = smollm_tokenizer.encode(" yes no", add_special_tokens=False)
-
-    def only_allowed(logits, seqs):  # logits [B, V], as a constraint mask does it
+def only_tokens(allowed, seen_shapes=None):
+    """A logits hook that masks every token but ``allowed``, as a constraint does."""
+    def hook(logits, seqs):  # logits [B, V]
+        if seen_shapes is not None:
+            seen_shapes.append(tuple(logits.shape))
         keep = logits[:, allowed].clone()
         logits.fill_(float("-inf"))
         logits[:, allowed] = keep
+    return hook
 
-    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=[only_allowed])
+
+def run_hooked(tiny_model, tokenizer, hook, params):
+    eng = Engine(tiny_model, tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=[hook])
     eng.start()
     try:
-        params = SamplingParams(max_tokens=5, temperature=0, logit_bias={500: 100.0})
-        events = run(eng, Request(prompt_ids=prompt(smollm_tokenizer), params=params))
+        return run(eng, Request(prompt_ids=prompt(tokenizer), params=params))
     finally:
         eng.shutdown()
+
+
+def test_logit_bias_never_unmasks_a_token(tiny_model, smollm_tokenizer):
+    allowed = smollm_tokenizer.encode(" yes no", add_special_tokens=False)
+    params = SamplingParams(max_tokens=5, temperature=0, logit_bias={500: 100.0})
+    events = run_hooked(tiny_model, smollm_tokenizer, only_tokens(allowed), params)
     assert all(t in allowed for e in events for t in e.token_ids)
 
 
 def test_logits_hook_edits_every_step(tiny_model, smollm_tokenizer):
     allowed = smollm_tokenizer.encode(" yes no", add_special_tokens=False)
     seen_shapes = []
-
-    def only_allowed(logits, seqs):  # logits [B, V]
-        seen_shapes.append(tuple(logits.shape))
-        keep = logits[:, allowed].clone()
-        logits.fill_(float("-inf"))
-        logits[:, allowed] = keep
-
-    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=[only_allowed])
-    eng.start()
-    try:
-        events = run(eng, Request(prompt_ids=prompt(smollm_tokenizer), params=SamplingParams(max_tokens=8, seed=1)))
-    finally:
-        eng.shutdown()
+    events = run_hooked(tiny_model, smollm_tokenizer, only_tokens(allowed, seen_shapes),
+                        SamplingParams(max_tokens=8, seed=1))
     assert all(t in allowed for e in events for t in e.token_ids)
     assert seen_shapes == [(1, VOCAB)] * 8
 
