@@ -214,6 +214,8 @@ def main() -> None:
                         help="also run auto without the delimiter bias (this model then rarely calls)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the records already in the log and run only the schemas it lacks")
+    parser.add_argument("--redo-refused", action="store_true",
+                        help="with --resume, run again the schemas refused before (e.g. compile timeouts on a busy machine)")
     args = parser.parse_args()
     lines = list(enumerate(json.loads(line) for line in gzip.open(DATA, "rt")))
     rows = lines[::args.stride][:args.limit]
@@ -221,7 +223,8 @@ def main() -> None:
     log_path = RESULTS / "tool_bench_records.jsonl"
     done = {}
     if args.resume and log_path.exists():
-        done = {r["line"]: r for r in map(json.loads, log_path.read_text().splitlines())}
+        done = {r["line"]: r for r in map(json.loads, log_path.read_text().splitlines())
+                if not (args.redo_refused and "refused" in r)}
     todo = [(i, row) for i, row in rows if i not in done]
     print(f"{len(rows)} schemas selected; {len(rows) - len(todo)} already in {log_path.name}; running {len(todo)}")
     if todo:
@@ -231,7 +234,8 @@ def main() -> None:
         state.engine.shutdown()
         state.compiler.close()
     selected = {i for i, _ in rows}
-    records = [r for r in map(json.loads, log_path.read_text().splitlines()) if r["line"] in selected]
+    latest = {r["line"]: r for r in map(json.loads, log_path.read_text().splitlines())}  # a redo replaces
+    records = [r for i, r in sorted(latest.items()) if i in selected]
     outcome = tally(records)
     report(outcome, len(rows), args.plain_auto)
     (RESULTS / "tool_bench.json").write_text(json.dumps(
