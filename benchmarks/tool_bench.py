@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import gzip
 import json
+import random
 import re
 import time
 from pathlib import Path
@@ -226,6 +227,7 @@ def main() -> None:
         done = {r["line"]: r for r in map(json.loads, log_path.read_text().splitlines())
                 if not (args.redo_refused and "refused" in r)}
     todo = [(i, row) for i, row in rows if i not in done]
+    random.Random(0).shuffle(todo)  # a run stopped early leaves a spread sample, not the first lines
     print(f"{len(rows)} schemas selected; {len(rows) - len(todo)} already in {log_path.name}; running {len(todo)}")
     if todo:
         state = load_state()
