@@ -145,7 +145,11 @@ def check_schema(schema: dict, ignore_keywords: Iterable[str] = ()) -> None:
             f"a JSON schema must be an object (or true/false), got {type(schema).__name__}; "
             f"send the schema as a JSON object"
         )
-    schema = lower_object_branches(schema)  # object-level anyOf/oneOf and dependencies it can enforce
+    _check_lowered(lower_object_branches(schema), ignore_keywords)
+
+
+def _check_lowered(schema: dict, ignore_keywords: Iterable[str]) -> None:
+    """check_schema on a schema lower_object_branches has rewritten already."""
     _check(bound_numbers(schema)[0], "", frozenset(ignore_keywords))  # bounds it enforces are fine
 
 
@@ -165,8 +169,11 @@ def schema_to_regex(
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(f"the JSON schema is not valid JSON ({e}); fix its syntax") from None
-    check_schema(schema, ignore_keywords)
-    schema, numbers = bound_numbers(lower_object_branches(schema))
+    if not isinstance(schema, (dict, bool)):
+        check_schema(schema)  # raises the error naming what a schema must be
+    schema = lower_object_branches(schema)  # object-level anyOf/oneOf and dependencies it can enforce
+    _check_lowered(schema, ignore_keywords)
+    schema, numbers = bound_numbers(schema)
     ws = COMPACT_WHITESPACE if whitespace is None else whitespace
     normalized = normalize_schema(schema)
     try:

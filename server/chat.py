@@ -55,8 +55,8 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> Prepared:
     else:
         constraint, keep = await build_tool_constraint(state, body, choice)
     _check_budget(constraint, budget, room)
-    request = Request(prompt_ids=prompt_ids, params=body.sampling_params(budget or room, state.vocabulary.size), constraint=constraint,
-                      keep_special_ids=keep)
+    params = body.sampling_params(budget or room, state.vocabulary.size)
+    request = Request(prompt_ids=prompt_ids, params=params, constraint=constraint, keep_special_ids=keep)
     return Prepared(request, reads_tools=choice.mode != "none")
 
 

@@ -92,7 +92,7 @@ class SamplingRequest(_Open):
     @classmethod
     def _bias_range(cls, value):
         for key, bias in (value or {}).items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):
                 raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"biases must lie in [-100, 100], got {bias} for token {key}")

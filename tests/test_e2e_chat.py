@@ -77,6 +77,7 @@ def test_stop_sequence(client):
     (dict(messages=ASK, presence_penalty=0.5), 400, "presence_penalty"),
     (dict(messages=ASK, model="gpt-4o"), 404, "model"),
     (dict(messages=ASK, logit_bias={"banana": 5}), 400, "logit_bias"),
+    (dict(messages=ASK, logit_bias={"²": 5}), 400, "logit_bias"),  # a digit, but not an ASCII one
     (dict(messages=ASK, logit_bias={"42": 101}), 400, "logit_bias"),
     (dict(messages=ASK, logit_bias={"9999999": 5}), 400, "logit_bias"),
 ])
