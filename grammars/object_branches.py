@@ -58,6 +58,7 @@ def lower_object_branches(schema: Any) -> Any:
 def _lower(node: Any, path: str) -> Any:
     if not isinstance(node, dict):
         return node
+    lowered = {}
     for key in ("anyOf", "oneOf"):  # a branch with nothing to generate matches nothing: drop it
         if isinstance(node.get(key), list):
             kept = []
@@ -69,8 +70,9 @@ def _lower(node: Any, path: str) -> Any:
             if not kept:
                 raise NothingToGenerate(f"the JSON schema leaves nothing to generate: no branch of {path}/{key} "
                                         "can be generated")
-            node = {**node, key: kept}
-    node = map_subschemas(node, path, _lower)
+            lowered[key] = kept
+    rest = map_subschemas({k: v for k, v in node.items() if k not in lowered}, path, _lower)
+    node = {k: lowered[k] if k in lowered else rest[k] for k in node}
     node = _list_required(_lower_branches(_lower_dependencies(node, path), path), path)
     if isinstance(node.get("anyOf"), list):  # branches merged above (idempotent on the others)
         node = {**node, "anyOf": [_list_required(b, f"{path}/anyOf/{i}") for i, b in enumerate(node["anyOf"])]}
