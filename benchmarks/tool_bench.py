@@ -44,7 +44,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench" / "
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def load_state() -> ServerState:
+def load_state(grammar_timeout: float = 10.0) -> ServerState:
     loaded = load_model(load_registry().get(None))
     vocabulary = TokenVocabulary.from_tokenizer(loaded.tokenizer, loaded.vocab_size,
                                                 extra_eos_token_ids=tuple(loaded.eos_token_ids))
@@ -53,7 +53,7 @@ def load_state() -> ServerState:
                     prefix_cache_bytes=512 << 20)  # as `maskd serve` (--prefix-cache-mb 512)
     engine.start()
     return ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
-                       GrammarCompiler(vocabulary, timeout_s=10.0), vocabulary)
+                       GrammarCompiler(vocabulary, timeout_s=grammar_timeout), vocabulary)
 
 
 def functions_of(schema: dict) -> dict[str, dict]:
@@ -121,7 +121,8 @@ async def bench(state: ServerState, rows: list[tuple[int, dict]], max_tokens: in
     async def one(i: int, row: dict) -> None:
         functions = functions_of(row["schema"])
         name = next(iter(functions))
-        record = {"line": i, "name": name, "tools": len(functions), "max_tokens": max_tokens}
+        record = {"line": i, "name": name, "tools": len(functions), "max_tokens": max_tokens,
+                  "grammar_timeout": state.compiler.timeout_s}
         async with gate:
             started = time.perf_counter()
             budget = max_tokens
@@ -213,6 +214,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="schemas in flight at once (batched)")
     parser.add_argument("--plain-auto", action="store_true",
                         help="also run auto without the delimiter bias (this model then rarely calls)")
+    parser.add_argument("--grammar-timeout", type=float, default=10.0, help="compile time limit, s (the server's default)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the records already in the log and run only the schemas it lacks")
     parser.add_argument("--redo-refused", action="store_true",
@@ -230,7 +232,7 @@ def main() -> None:
     random.Random(0).shuffle(todo)  # a run stopped early leaves a spread sample, not the first lines
     print(f"{len(rows)} schemas selected; {len(rows) - len(todo)} already in {log_path.name}; running {len(todo)}")
     if todo:
-        state = load_state()
+        state = load_state(args.grammar_timeout)
         with open(log_path, "a" if args.resume else "w") as log:
             asyncio.run(bench(state, todo, args.max_tokens, args.concurrency, args.plain_auto, log))
         state.engine.shutdown()
