@@ -73,10 +73,11 @@ def _lower(node: Any, path: str) -> Any:
             lowered[key] = kept
     rest = map_subschemas({k: v for k, v in node.items() if k not in lowered}, path, _lower)
     node = {k: lowered[k] if k in lowered else rest[k] for k in node}
-    node = _list_required(_lower_branches(_lower_dependencies(node, path), path), path)
-    if isinstance(node.get("anyOf"), list):  # branches merged above (idempotent on the others)
-        node = {**node, "anyOf": [_list_required(b, f"{path}/anyOf/{i}") for i, b in enumerate(node["anyOf"])]}
-    return node
+    node = _lower_dependencies(node, path)
+    merged = _lower_branches(node, path)
+    if merged is not node:  # its anyOf branches are new: the walk above did not see them
+        merged = {**merged, "anyOf": [_list_required(b, f"{path}/anyOf/{i}") for i, b in enumerate(merged["anyOf"])]}
+    return _list_required(merged, path)
 
 
 def _list_required(node: Any, path: str) -> Any:

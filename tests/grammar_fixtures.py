@@ -6,6 +6,9 @@ import functools
 import importlib.util
 import json
 
+import numpy as np
+import torch
+
 SMOLLM2_VOCAB_SIZE = 49152  # config.vocab_size of SmolLM2-135M (the logits width)
 
 
@@ -117,3 +120,31 @@ def byte_automaton(regex: str, timeout_s: float = 10.0):
         return index.is_final_state(state)
 
     return fullmatch
+
+
+def rigged_logits(rng, vocab_size, favour):
+    """Random logits that favour tokens which keep a string going (the budget must do the closing)."""
+    logits = torch.tensor(np.random.default_rng(rng.randrange(1 << 30)).normal(size=vocab_size), dtype=torch.float32)
+    logits[favour] += 6.0
+    return logits
+
+
+def decode_within(constraint, budget, rng, favour, size=49152):
+    """Samples under the constraint's masks with `budget` tokens, taking forced tokens as the engine does."""
+    ids = []
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    while len(ids) < budget and not constraint.is_terminated():
+        forced = constraint.forced()
+        if forced:
+            for token in forced[:budget - len(ids)]:
+                constraint.advance(token)
+                ids.append(token)
+            continue
+        constraint.fill(row, budget - len(ids))
+        bits = ((row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:size].bool()
+        assert bits.any(), "a budget mask must allow some token"
+        logits = rigged_logits(rng, size, favour).masked_fill(~bits, float("-inf"))
+        token = int(torch.argmax(logits))
+        constraint.advance(token)
+        ids.append(token)
+    return ids

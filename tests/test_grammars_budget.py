@@ -10,6 +10,7 @@ import outlines_core
 import pytest
 import torch
 
+from grammar_fixtures import decode_within, rigged_logits
 from grammars.budget import build_budget_table, budget_table_from_transitions
 from grammars.compiled_grammar import CompiledGrammar
 from test_tool_constraint import allowed, check_calls, compiler, make, vocab  # noqa: F401 - fixtures
@@ -83,34 +84,6 @@ def test_c_table_equals_python_table_on_a_real_schema(compiler):
     assert (fast.keys[order] == slow.keys[order_slow]).all()
     assert (fast.distance[order] == slow.distance[order_slow]).all()
     assert grammar.min_tokens(grammar.initial_state) > 5
-
-
-def rigged_logits(rng, vocab_size, favour):
-    """Random logits that favour tokens which keep a string going (the budget must do the closing)."""
-    logits = torch.tensor(np.random.default_rng(rng.randrange(1 << 30)).normal(size=vocab_size), dtype=torch.float32)
-    logits[favour] += 6.0
-    return logits
-
-
-def decode_within(constraint, budget, rng, favour, size=49152):
-    """Samples under the constraint's masks with `budget` tokens, taking forced tokens as the engine does."""
-    ids = []
-    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
-    while len(ids) < budget and not constraint.is_terminated():
-        forced = constraint.forced()
-        if forced:
-            for token in forced[:budget - len(ids)]:
-                constraint.advance(token)
-                ids.append(token)
-            continue
-        constraint.fill(row, budget - len(ids))
-        bits = ((row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:size].bool()
-        assert bits.any(), "a budget mask must allow some token"
-        logits = rigged_logits(rng, size, favour).masked_fill(~bits, float("-inf"))
-        token = int(torch.argmax(logits))
-        constraint.advance(token)
-        ids.append(token)
-    return ids
 
 
 @pytest.mark.parametrize("slack", [0, 1, 5, 20])

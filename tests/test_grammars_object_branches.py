@@ -6,14 +6,13 @@ import copy
 import functools
 import gzip
 import json
+import random
 import re
 
 import jsonschema
-import numpy as np
 import pytest
-import torch
 
-from grammar_fixtures import shared_compiler, smollm2_tokenizer
+from grammar_fixtures import decode_within, shared_compiler, smollm2_tokenizer
 from grammars import GrammarError, UnsupportedSchemaError, check_schema, schema_to_regex
 from grammars.object_branches import lower_object_branches
 
@@ -238,24 +237,10 @@ SAMPLES = 20
 
 
 def _decode(grammar, seed, slack=30):
-    """One output under ``grammar``, each token drawn uniformly from the allowed ones (the argmax of
-    random logits), with a budget of its shortest length + ``slack`` (budget-aware masks close it)."""
-    rng = np.random.default_rng(seed)
-    matcher, ids = grammar.matcher(), []
-    budget = grammar.min_tokens(grammar.initial_state) + slack
-    row = torch.zeros(grammar.width, dtype=torch.int32)  # [width]
-    while len(ids) < budget and not matcher.is_terminated():
-        forced = matcher.forced()[:budget - len(ids)]
-        for token in forced:
-            matcher.advance(token)
-        ids += forced
-        if forced:
-            continue
-        matcher.fill(row, budget - len(ids))
-        allowed = np.flatnonzero(np.unpackbits(row.numpy().view(np.uint8), bitorder="little"))  # token ids
-        token = int(rng.choice(allowed))
-        matcher.advance(token)
-        ids.append(token)
+    """One output under ``grammar``, each token the argmax of random logits over the allowed ones,
+    with a budget of its shortest length + ``slack`` (budget-aware masks close it)."""
+    matcher = grammar.matcher()
+    ids = decode_within(matcher, grammar.min_tokens(grammar.initial_state) + slack, random.Random(seed), favour=[])
     assert matcher.finished()
     return smollm2_tokenizer().decode([t for t in ids if t not in grammar.vocabulary.eos_token_ids])
 
