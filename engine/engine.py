@@ -86,6 +86,10 @@ class Engine:
             self._inbox.put(request)
         self._wake.set()
 
+    def wake(self) -> None:
+        """Something changed outside the engine (a request's grammar units are ready): look again."""
+        self._wake.set()
+
     def cancel(self, request_id: int) -> None:
         self._inbox.put(request_id)
         self._wake.set()
@@ -128,7 +132,8 @@ class Engine:
     def _loop(self) -> None:
         while not self._stopping:
             self._drain_inbox()
-            if not self._running and not self._waiting:
+            cancelled = any(s.cancelled for s in self._running + list(self._waiting))
+            if not cancelled and not self.scheduler.has_work():  # idle, or only requests awaiting grammars
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue

@@ -3,6 +3,9 @@
 Where a request is, from submission to its end:
 
     waiting --admit--> prefilling --last chunk--> joining --settle--> rows (the running batch)
+                           |    ^
+               not ready   v    | ready
+                          parked
 
 - admit: the prefix cache gives the longest cached prefix of the prompt (all but its last token,
   so at least one token is prefilled and yields logits); the request locks that path and starts
@@ -14,6 +17,9 @@ Where a request is, from submission to its end:
   the prefix hit it while this one decodes), and its first token is sampled in the same step as
   the rows' tokens: the step's logits are [rows..., newcomer] in that order.
 - settle: after sampling, the newcomer joins the batch; rows released during the step leave it.
+- parked: a request whose constraint is not ready (its grammar units still compile) is prefilled up
+  to its last chunk and set aside with its KV; once ready it takes the prefill slot again, before
+  any newcomer. Its first token thus waits for its grammar, and no one else does.
 - release (finish, cancel, error): the row's prompt + output KV enters the prefix cache, its lock
   is dropped, its batch row is freed before the next forward pass.
 """
@@ -52,6 +58,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.prefilling: Sequence | None = None
         self.joining: Sequence | None = None
+        self.parked: list[Sequence] = []  # prefilled but for the last chunk; constraint not ready
         self.rows: list[Sequence] = []  # row i of self.batch
         self.batch = BatchCache(runner.device)
         self._leaving: set[int] = set()  # rows released during this step, dropped by _drop_left()
@@ -60,11 +67,18 @@ class Scheduler:
     def running(self) -> list[Sequence]:
         """Admitted and not finished: the batch rows, then the newcomer (if any)."""
         out = [s for i, s in enumerate(self.rows) if i not in self._leaving]
-        return out + [s for s in (self.joining, self.prefilling) if s is not None]
+        return out + [s for s in (self.joining, self.prefilling) if s is not None] + self.parked
 
     @property
     def num_running(self) -> int:
-        return len(self.rows) - len(self._leaving) + (self.joining is not None) + (self.prefilling is not None)
+        return (len(self.rows) - len(self._leaving) + (self.joining is not None) + (self.prefilling is not None)
+                + len(self.parked))
+
+    def has_work(self) -> bool:
+        """Whether a forward pass would do something (parked requests alone wait for their grammar)."""
+        room = len(self.rows) + len(self.parked) < self.max_batch
+        return bool(self.rows or self.prefilling or self.joining or (self.waiting and room)
+                    or any(_ready(s) for s in self.parked))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -74,8 +88,17 @@ class Scheduler:
     def forward(self) -> tuple[list[Sequence], torch.Tensor | None]:
         """Runs this step's forward passes; returns the rows that get a token and their logits [B, V]."""
         self._drop_left()
-        if self.prefilling is None and self.waiting and len(self.rows) < self.max_batch:
-            self._admit(self.waiting.popleft())
+        if self.prefilling is None and len(self.rows) < self.max_batch:
+            resumed = next((s for s in self.parked if _ready(s)), None)
+            if resumed is not None:
+                self.parked.remove(resumed)
+                self.prefilling = resumed
+            elif self.waiting and len(self.rows) + len(self.parked) < self.max_batch:
+                self._admit(self.waiting.popleft())
+        if self.prefilling is not None and len(self.prefilling.next_input) <= self.prefill_chunk \
+                and not _ready(self.prefilling):
+            self.parked.append(self.prefilling)  # its first token needs its grammar
+            self.prefilling = None
         newcomer_logits = None
         if self.prefilling is not None:
             seq = self.prefilling
@@ -169,6 +192,9 @@ class Scheduler:
         """Take seq out wherever it is; with keep_kv, its computed KV enters the prefix cache."""
         if seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.parked:
+            self.parked.remove(seq)
+            seq.cache = None
         elif seq is self.prefilling or seq is self.joining:
             self.prefilling = None if seq is self.prefilling else self.prefilling
             self.joining = None if seq is self.joining else self.joining
@@ -216,3 +242,9 @@ class Scheduler:
         held = [s.prefix_node for s in self.running if s.prefix_node is not None and s.prefix_node.parent]
         locks = sum(c.lock_ref for c in self.prefix_cache.root.children.values())
         assert locks == len(held), f"prefix cache holds {locks} locks, running requests hold {len(held)}"
+
+
+def _ready(seq: Sequence) -> bool:
+    """Whether the request's constraint can mask its next token (optional `ready()`: units compiled)."""
+    ready = getattr(seq.constraint, "ready", None)
+    return ready is None or ready()

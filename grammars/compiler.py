@@ -5,13 +5,16 @@ LRU of CompiledGrammar objects bounded in entries and in bytes (a hit is a dict 
 the biggest BFCL grammars hold 80-250 MB each); the disk cache holds
 the pickled outlines-core Index and its BudgetTable (``<cache_dir>/<key>.index``; ~1 ms
 per MB to load).
-Misses are compiled in CompileWorker child processes with a time limit (see there
-for why a process and not a thread).
+Misses are compiled in a pool of CompileWorker child processes (one per core by default) with a
+time limit per grammar (see there for why a process and not a thread). ``submit_regex`` starts a
+compile and returns a future at once, so a request's units compile side by side, and beside its
+prefill; a memory hit is a future already done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -28,6 +31,12 @@ from grammars.json_schema import json_object_regex, schema_to_regex
 from grammars.vocabulary import TokenVocabulary
 
 
+def default_workers() -> int:
+    """Compile processes when not configured: one per core the process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores)
+
+
 class GrammarCompiler:
     """Compiles and caches grammars for one vocabulary; safe to call from many threads."""
 
@@ -38,7 +47,7 @@ class GrammarCompiler:
         timeout_s: float = 10.0,
         lru_size: int = 256,
         lru_bytes: int = 2 << 30,
-        workers: int = 1,
+        workers: int | None = None,
         ignore_keywords: Iterable[str] = (),
         json_object_depth: int = 3,
     ) -> None:
@@ -58,7 +67,10 @@ class GrammarCompiler:
         self._inflight: dict[str, threading.Lock] = {}
         blob = pickle.dumps(vocabulary.outlines)
         self._idle: queue.Queue[CompileWorker] = queue.Queue()
-        self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(max(1, workers))]
+        workers = default_workers() if workers is None else max(1, workers)
+        self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(workers)]
+        # threads that each wait for an idle worker: compiles queue here, memory hits never do
+        self._threads = concurrent.futures.ThreadPoolExecutor(4 * workers, thread_name_prefix="maskd-compile")
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
             self._idle.put(w)
@@ -70,7 +82,7 @@ class GrammarCompiler:
 
     def compile_regex(self, regex: str) -> CompiledGrammar:
         """CompiledGrammar for ``regex`` (cached); raises CompileTimeout past the limit."""
-        key = hashlib.sha256(f"{self.vocabulary.fingerprint}\0{regex}".encode()).hexdigest()
+        key = self._key(regex)
         hit = self._memory_get(key)
         if hit is not None:
             return hit
@@ -88,6 +100,22 @@ class GrammarCompiler:
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
             self._memory_put(key, grammar)
             return grammar
+
+    def cached(self, regex: str) -> CompiledGrammar | None:
+        """The grammar of ``regex`` if it is in the memory cache (no compile, no disk read)."""
+        return self._memory_get(self._key(regex))
+
+    def submit_regex(self, regex: str) -> concurrent.futures.Future:
+        """A future of compile_regex(regex): done at once on a memory hit, else compiled in the pool."""
+        hit = self.cached(regex)
+        if hit is not None:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_result(hit)
+            return future
+        return self._threads.submit(self.compile_regex, regex)
+
+    def _key(self, regex: str) -> str:
+        return hashlib.sha256(f"{self.vocabulary.fingerprint}\0{regex}".encode()).hexdigest()
 
     def compile_json_schema(self, schema: dict | str) -> CompiledGrammar:
         """CompiledGrammar for a JSON schema (compact whitespace, see json_schema.py)."""
@@ -119,6 +147,7 @@ class GrammarCompiler:
 
     def close(self) -> None:
         """Stop the worker processes."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
         for w in self._workers:
             w.kill()
 

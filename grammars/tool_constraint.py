@@ -1,9 +1,14 @@
 """The per-request matcher of a tool-call turn: free text or forced delimiters, then calls under a grammar.
 
 Phases: TEXT (auto mode: anything, but the trigger arms the call grammar and is never overrun),
-FORCED (delimiter tokens written one by one: OPEN, CLOSE, SEPARATOR+OPEN), CALL (the compiled
-block grammar), AFTER (parallel: end the turn or start another block), DONE (only EOS).
-Same interface as Matcher: fill / sparse_mask / advance / forced / finished / is_terminated / rollback.
+FORCED (delimiter tokens written one by one: OPEN, CLOSE, SEPARATOR+OPEN, END), CALL (a block: the
+tools' units, grammars/unit_union.py), AFTER (parallel: end the turn or start another block), DONE
+(only EOS). Same interface as Matcher: fill / sparse_mask / advance / forced / finished /
+is_terminated / rollback.
+
+The units may still be compiling when the request starts: the constraint is made with its
+delimiters and `attach(units)` gives it the compiled units later; until then `ready()` is false and
+the engine holds the request back before its first token (the prompt is prefilled meanwhile).
 """
 
 from __future__ import annotations
@@ -12,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import GrammarError
 from grammars.trigger_mask import TriggerMasks
+from grammars.unit_union import UnitUnion
 
 TEXT, FORCED, CALL, AFTER, DONE = "text", "forced", "call", "after", "done"
 
@@ -25,28 +30,47 @@ class ToolTokens:
     open: tuple[int, ...]
     close: tuple[int, ...]
     separator: tuple[int, ...] | None  # SEPARATOR + OPEN; None: one block only
+    end: tuple[int, ...] = ()  # after the last block (mistral's `]`)
 
 
 class ToolCallConstraint:
-    def __init__(self, block: CompiledGrammar, tokens: ToolTokens, required: bool,
-                 trigger: TriggerMasks | None = None, bare_object_at_start: bool = False):
+    def __init__(self, tokens: ToolTokens, required: bool, vocabulary,
+                 trigger: TriggerMasks | None = None, bare_object_at_start: bool = False,
+                 units: UnitUnion | None = None, later_units: UnitUnion | None = None):
         if not required and trigger is None:
             raise GrammarError("an auto-mode tool constraint needs trigger masks for its opening delimiter")
-        self.block = block
         self.tokens = tokens
         self.trigger = trigger
-        self.eos = block.vocabulary.eos_token_ids
+        self.vocabulary = vocabulary
+        self.eos = vocabulary.eos_token_ids
         self._bare_start = bare_object_at_start and not required
-        self._matcher = block.matcher()
+        self._units: UnitUnion | None = None
+        self._later: UnitUnion | None = None
+        self._matcher = None
         self._history: list[tuple] = []
         self._eos_seen = False
         self.calls_opened = 0
-        self._call_min = block.min_tokens(block.initial_state) + len(tokens.close)  # a block and its close
         self._budget_forced = False
         if required:
             self._set_forced(tokens.open, then=CALL)
         else:
             self._phase, self._kmp, self._at_start = TEXT, 0, True
+        if units is not None:
+            self.attach(units, later_units)
+
+    def attach(self, units: UnitUnion, later_units: UnitUnion | None = None) -> None:
+        """The compiled units of a first block and of later ones (default: the same); once per request."""
+        self._later = later_units or units
+        tail = len(self.tokens.close) + len(self.tokens.end)
+        self._call_min = units.min_tokens() + tail  # a first block, its close and the end
+        self._next_min = self._later.min_tokens() + tail
+        if self._matcher is None and self._phase in (TEXT, CALL):
+            self._matcher = units.matcher()
+        self._units = units  # last: ready() reads it from the engine thread
+
+    def ready(self) -> bool:
+        """Whether the units are attached (before that, no token may be asked for)."""
+        return self._units is not None
 
     # -- state ----------------------------------------------------------------------------------
     def _snapshot(self) -> tuple:
@@ -66,7 +90,8 @@ class ToolCallConstraint:
 
     def _enter(self, phase: str) -> None:
         if phase == CALL:
-            self._matcher = self.block.matcher()
+            units = self._units if self.calls_opened == 0 else self._later
+            self._matcher = units.matcher() if units is not None else None  # attach() makes it
             self.calls_opened += 1
         self._phase = phase
 
@@ -82,7 +107,7 @@ class ToolCallConstraint:
         a call is only opened, and only continued, the way that closes it within the budget."""
         left = None if budget is None else budget - 1  # tokens after this one
         if self._phase == CALL:
-            self._matcher.fill(row, None if budget is None else budget - len(self.tokens.close))
+            self._matcher.fill(row, None if budget is None else budget - self._tail())
             self._budget_forced |= self._matcher.budget_forced
             return
         if self._phase == TEXT:
@@ -95,11 +120,12 @@ class ToolCallConstraint:
                 self._mask_bare_start(row, left)
             return
         row.zero_()
-        allowed = list(self.eos) if self._phase in (AFTER, DONE) else []
+        allowed = list(self.eos) if self._phase == DONE else []
         if self._phase == FORCED:
             allowed = [self._pending[0]]
         elif self._phase == AFTER:
-            if left is None or left >= len(self.tokens.separator) - 1 + self._call_min:
+            allowed = [self.tokens.end[0]] if self.tokens.end else list(self.eos)
+            if left is None or left >= len(self.tokens.separator) - 1 + self._next_min:
                 allowed.append(self.tokens.separator[0])
             else:
                 self._budget_forced = True  # no room for another call: the turn ends here
@@ -111,7 +137,7 @@ class ToolCallConstraint:
         or None (then fill and use the row): where the budget narrows the mask, and in TEXT at a
         bare-object start (``fill`` checks `{` tokens there) and in FORCED / AFTER / DONE."""
         if self._phase == CALL:
-            return self._matcher.sparse_mask(None if budget is None else budget - len(self.tokens.close))
+            return self._matcher.sparse_mask(None if budget is None else budget - self._tail())
         if self._phase == TEXT:
             no_room = budget is not None and budget - 1 < self._call_min
             if not no_room and not (self._at_start and self._bare_start):
@@ -121,8 +147,8 @@ class ToolCallConstraint:
     def _mask_bare_start(self, row: torch.Tensor, left: int | None) -> None:
         """At the reply's start, a token opening with `{` must be the start of a valid call (that
         fits in the ``left`` tokens after it, if given)."""
-        close = len(self.tokens.close)
-        for token in _brace_tokens(self.block.vocabulary):
+        close = self._tail()
+        for token in _brace_tokens(self.vocabulary):
             after = self._matcher.min_tokens_after(token)
             if after is None or (left is not None and after + close > left):
                 row[token >> 5] &= ~_bit(token & 31)
@@ -130,10 +156,18 @@ class ToolCallConstraint:
     def min_tokens(self) -> int:
         """Fewest tokens that end the turn validly from here (0 where free text may simply stop)."""
         if self._phase == FORCED:
-            return len(self._pending) + (self._call_min if self._then == CALL else 0)
+            block = self._call_min if self.calls_opened == 0 else self._next_min
+            end = len(self.tokens.end) if self._then == AFTER else 0
+            return len(self._pending) + (block if self._then == CALL else end)
         if self._phase == CALL:
-            return self._matcher.min_tokens() + len(self.tokens.close)
+            return self._matcher.min_tokens() + self._tail()
+        if self._phase == AFTER:
+            return len(self.tokens.end)
         return 0
+
+    def _tail(self) -> int:
+        """Tokens forced after the open block: its close and the list's end."""
+        return len(self.tokens.close) + len(self.tokens.end)
 
     @property
     def budget_forced(self) -> bool:
@@ -142,7 +176,7 @@ class ToolCallConstraint:
 
     def advance(self, token_id: int) -> None:
         self._history.append(self._snapshot())
-        if token_id in self.eos and self._phase in (TEXT, AFTER, DONE):
+        if token_id in self.eos and (self._phase in (TEXT, DONE) or (self._phase == AFTER and not self.tokens.end)):
             self._eos_seen = True
             self._phase = DONE
             return
@@ -161,11 +195,13 @@ class ToolCallConstraint:
                 self._block_done()
         elif self._phase == AFTER and token_id == self.tokens.separator[0]:
             self._set_forced(self.tokens.separator[1:], then=CALL)
+        elif self._phase == AFTER and self.tokens.end and token_id == self.tokens.end[0]:
+            self._set_forced(self.tokens.end[1:], then=DONE)
         else:
             raise GrammarError(f"token {token_id} is not allowed after the tool calls; only EOS may follow")
 
     def _advance_text(self, token_id: int) -> None:
-        piece = self.block.vocabulary.token_bytes.get(token_id, b"")
+        piece = self.vocabulary.token_bytes.get(token_id, b"")
         if self._at_start and self._bare_start and piece.startswith(b"{"):
             self._enter(CALL)
             self._matcher.advance(token_id)
@@ -184,12 +220,12 @@ class ToolCallConstraint:
         return []
 
     def finished(self) -> bool:
-        return self._phase in (TEXT, AFTER, DONE)
+        return self._phase in (TEXT, DONE) or self.closed()
 
     def closed(self) -> bool:
         """Whether stopping now leaves nothing cut: every opened call is closed and at least one was
         made (free text before any call may be cut, so TEXT is not closed)."""
-        return self._phase in (AFTER, DONE)
+        return self._phase == DONE or (self._phase == AFTER and not self.tokens.end)
 
     def is_terminated(self) -> bool:
         return self._eos_seen or self._phase == DONE
@@ -200,7 +236,7 @@ class ToolCallConstraint:
         for _ in range(n):
             snap = self._history.pop()
             self._restore(snap)
-            if snap[0] == CALL:  # that token advanced this very matcher
+            if snap[0] == CALL and self._matcher is not None:  # that token advanced this very matcher
                 self._matcher.rollback(1)
 
 
@@ -221,9 +257,11 @@ def _bit(position: int) -> int:
     return (1 << position) - (1 << 32 if position == 31 else 0)
 
 
-def tool_tokens(tokenizer, open_text: str, close_text: str, separator: str | None) -> ToolTokens:
-    """The delimiters as this tokenizer writes them (an added token such as `<tool_call>` stays whole)."""
+def tool_tokens(tokenizer, open_text: str, close_text: str, separator: str | None, end: str = "") -> ToolTokens:
+    """The delimiters as this tokenizer writes them (an added token such as `<tool_call>` stays whole).
+    Where the format has an `end` (mistral's list), later blocks follow the separator alone."""
     def encode(text: str) -> tuple[int, ...]:
         return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
+    following = "" if end else open_text
     return ToolTokens(open=encode(open_text), close=encode(close_text),
-                      separator=encode(separator + open_text) if separator is not None else None)
+                      separator=encode(separator + following) if separator is not None else None, end=encode(end))

@@ -1,11 +1,17 @@
-"""The grammar of a tool-call turn, split where outlines-core's index needs it split.
+"""The grammar of a tool-call turn, split into units: one per tool, plus delimiters the constraint forces.
 
-A turn with calls is: OPEN, then a block matching `inner` (compiled to a token index), then CLOSE;
-with parallel calls, further blocks follow, each after SEPARATOR + OPEN. Only `inner` goes through
-outlines-core. The delimiters are forced token by token (so a delimiter that is one added token,
-as Qwen's `<tool_call>`, is written as that token), and the repetition of blocks is driven by the
-constraint rather than by a regex: outlines-core 0.2.14 drops transitions out of an accepting state
-(`a(;b)*` rejects `a;b`), which would forbid every call after the first.
+A turn with calls is: OPEN, then a block, then CLOSE; with parallel calls, further blocks follow,
+each after SEPARATOR (+ OPEN). A block is one call to one tool, so each tool's block is its own
+regex (`units`, one per tool): compiled and cached by its own text, it is shared by every request
+that sends that tool, whatever else the tool list holds. The constraint chooses among the units
+at run time (grammars/unit_union.py). The delimiters are forced token by token (so a delimiter that
+is one added token, as Qwen's `<tool_call>`, is written as that token), and the repetition of
+blocks is driven by the constraint rather than by a regex: outlines-core 0.2.14 drops transitions
+out of an accepting state (`a(;b)*` rejects `a;b`), which would forbid every call after the first.
+
+Mistral writes all calls in one JSON list: its first block opens the list (` [`), later blocks
+follow `, `, and `]` (`end`) is forced after the last one; with one call only, the list's `]` is
+part of the unit, so `}]` stays one token.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grammars.tool_formats import get_tool_format
-from grammars.tool_formats.call_regex import ArgsRegex, call_alternatives
+from grammars.tool_formats.call_regex import ArgsRegex, chosen_specs, name_regex
 
 
 @dataclass(frozen=True)
@@ -22,22 +28,48 @@ class ToolGrammar:
     open: str  # forced before the first block in required/named modes ("" where the format has none)
     trigger: str  # the text that arms the constraint in auto mode
     bare_object_at_start: bool  # auto mode also arms on a reply that opens with `{` (llama3_json)
-    inner: str  # regex of one block between OPEN and CLOSE
+    names: tuple[str, ...]  # the tools a block may call, in the request's order
+    units: tuple[str, ...]  # per tool: the regex of a first block between OPEN and CLOSE
+    next_units: tuple[str, ...]  # per tool: the regex of a later block (== units except for mistral)
     close: str  # forced after each block ("" where none)
-    separator: str | None  # between blocks; None: one block only (parallel calls off, or one list)
+    separator: str | None  # between blocks; None: one block only (parallel calls off)
+    end: str  # forced after the last block ("" where none)
     parallel: bool
 
 
 def tool_grammar(format_name: str, tools: list[dict], args_regex: ArgsRegex, parallel: bool,
                  forced_name: str | None = None) -> ToolGrammar:
     fmt = get_tool_format(format_name)
-    call = call_alternatives(tools, args_regex, forced_name, fmt._call_object_regex)
+    specs = chosen_specs(tools, forced_name)
+    names = tuple(name for name, _ in specs)
+    calls = [fmt._call_object_regex(name_regex(name), args_regex(parameters)) for name, parameters in specs]
     if format_name == "hermes":
-        return ToolGrammar("hermes", "<tool_call>", "<tool_call>", False, r"\n" + call + r"\n",
-                           "</tool_call>", "\n" if parallel else None, parallel)
+        units = tuple(r"\n" + call + r"\n" for call in calls)
+        return ToolGrammar("hermes", "<tool_call>", "<tool_call>", False, names, units, units,
+                           "</tool_call>", "\n" if parallel else None, "", parallel)
     if format_name == "llama3_json":
-        return ToolGrammar("llama3_json", "", fmt.open, True, call, "", "; " if parallel else None, parallel)
-    if format_name == "mistral":  # one JSON list holds every call: no repetition of blocks needed
-        return ToolGrammar("mistral", fmt.open, fmt.open, False, fmt._block_regex(call, parallel), "",
-                           None, parallel)
+        units = tuple(calls)
+        return ToolGrammar("llama3_json", "", fmt.open, True, names, units, units, "",
+                           "; " if parallel else None, "", parallel)
+    if format_name == "mistral":
+        if not parallel:
+            units = tuple(r" ?\[" + call + r"\]" for call in calls)
+            return ToolGrammar("mistral", fmt.open, fmt.open, False, names, units, units, "", None, "", False)
+        return ToolGrammar("mistral", fmt.open, fmt.open, False, names, tuple(r" ?\[" + call for call in calls),
+                           tuple(calls), "", ", ", "]", True)
     raise ValueError(f"tool format {format_name!r} has no grammar plan; add one in grammars/tool_grammar.py")
+
+
+
+def compile_tool_constraint(grammar: ToolGrammar, compiler, tokenizer, required: bool, trigger=None):
+    """A ready ToolCallConstraint for ``grammar``, its units compiled now (tests, benchmarks; the
+    server submits the units and attaches them when they are done, see server/tool_calls.py)."""
+    from grammars.tool_constraint import ToolCallConstraint, tool_tokens
+    from grammars.unit_union import UnitUnion
+
+    units = UnitUnion([compiler.compile_regex(regex) for regex in grammar.units])
+    later = UnitUnion([compiler.compile_regex(regex) for regex in grammar.next_units]) \
+        if grammar.next_units != grammar.units else None
+    tokens = tool_tokens(tokenizer, grammar.open, grammar.close, grammar.separator, grammar.end)
+    return ToolCallConstraint(tokens, required, compiler.vocabulary, trigger=trigger,
+                              bare_object_at_start=grammar.bare_object_at_start, units=units, later_units=later)

@@ -16,7 +16,8 @@ from server.protocol import (ChatCompletion, ChatCompletionChunk, ChatCompletion
                              ChunkChoice, Delta, ResponseMessage, Usage)
 from server.state import ServerState
 from server.structured_output import build_format_constraint
-from server.tool_calls import ToolCallReader, build_tool_constraint, resolve_tool_choice, tool_format_of
+from server.tool_calls import (PendingTools, ToolCallReader, build_tool_constraint, resolve_tool_choice,
+                               tool_format_of)
 
 FINGERPRINT = "maskd-0.1"
 
@@ -25,6 +26,17 @@ FINGERPRINT = "maskd-0.1"
 class Prepared:
     request: Request
     reads_tools: bool  # whether the output is read for tool calls
+    budget: int | None = None  # max_tokens asked for, if any
+    room: int = 0  # context left after the prompt
+    pending: PendingTools | None = None  # tool units still compiling
+
+    async def settle(self) -> None:
+        """Waits for the tool units (attaching them to the constraint) and checks the budget against
+        the shortest valid output; raises APIError (a 400) where either fails."""
+        if self.pending is not None:
+            await self.pending.wait()
+            self.pending = None
+            _check_budget(self.request.constraint, self.budget, self.room)
 
 
 async def prepare(state: ServerState, body: ChatCompletionRequest) -> Prepared:
@@ -50,14 +62,29 @@ async def prepare(state: ServerState, body: ChatCompletionRequest) -> Prepared:
                        f"{state.context_length}; ask for at most {room}", param="max_tokens",
                        code="context_length_exceeded")
     keep: frozenset[int] = frozenset()
+    pending = None
     if choice.mode == "none":
         constraint = await build_format_constraint(state, body)
+        _check_budget(constraint, budget, room)
     else:
-        constraint, keep = await build_tool_constraint(state, body, choice)
-    _check_budget(constraint, budget, room)
+        pending, keep = await build_tool_constraint(state, body, choice)
+        constraint = pending.constraint
     params = body.sampling_params(budget or room, state.vocabulary.size)
     request = Request(prompt_ids=prompt_ids, params=params, constraint=constraint, keep_special_ids=keep)
-    return Prepared(request, reads_tools=choice.mode != "none")
+    return Prepared(request, reads_tools=choice.mode != "none", budget=budget, room=room, pending=pending)
+
+
+async def start(state: ServerState, prepared: Prepared) -> AsyncIterator[Event]:
+    """Submits the request (its prompt is prefilled while its units compile), then waits for the
+    units: a unit that fails, or a budget below the minimum, cancels the request and raises the 400."""
+    generated = state.engine.generate(prepared.request)  # a full queue is a 429 here
+    try:
+        await prepared.settle()
+    except BaseException:
+        state.engine.cancel(prepared.request.request_id)
+        raise
+    state.engine.wake()
+    return generated
 
 
 def _check_budget(constraint, budget: int | None, room: int) -> None:
@@ -92,7 +119,7 @@ def finish_reason(event: Event, has_calls: bool) -> str:
 async def complete(state: ServerState, body: ChatCompletionRequest) -> ChatCompletion:
     prepared = await prepare(state, body)
     pieces, last = [], None
-    async for event in state.engine.generate(prepared.request):
+    async for event in await start(state, prepared):
         pieces.append(event.text)
         last = event
     if last.finish_reason == "error":
@@ -134,7 +161,7 @@ async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterat
                 out.append(Delta(content=event.text))
         return out
 
-    generated = state.engine.generate(prepared.request)  # submits now: a full queue is a 429, not a broken stream
+    generated = await start(state, prepared)  # submits now: a full queue is a 429, not a broken stream
 
     async def events() -> AsyncIterator[str]:
         yield chunk(Delta(role="assistant", content=""))

@@ -39,7 +39,7 @@ def cmd_serve(args) -> int:
     vocabulary = TokenVocabulary.from_tokenizer(loaded.tokenizer, loaded.vocab_size,
                                                 extra_eos_token_ids=tuple(loaded.eos_token_ids))
     compiler = GrammarCompiler(vocabulary, cache_dir=args.grammar_cache or None, timeout_s=args.grammar_timeout,
-                               lru_bytes=int(args.grammar_memory_mb * (1 << 20)))
+                               lru_bytes=int(args.grammar_memory_mb * (1 << 20)), workers=args.grammar_workers)
     state = ServerState(model_name=loaded.name, tokenizer=loaded.tokenizer,
                         context_length=loaded.context_length, tool_format=loaded.spec.tool_format,
                         engine=engine, compiler=compiler, vocabulary=vocabulary)
@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a schema may take to compile before the request fails with a 400")
     serve.add_argument("--grammar-cache", default=os.path.join(os.path.expanduser("~"), ".cache", "maskd", "grammars"),
                        help="directory of compiled grammars kept across restarts ('' to keep none)")
+    serve.add_argument("--grammar-workers", type=int, default=None,
+                       help="grammar compile processes (default: one per core); a request's tools compile side by side")
     serve.add_argument("--grammar-memory-mb", type=float, default=2048,
                        help="compiled grammars kept in memory, in MB (least recently used go first)")
     serve.set_defaults(func=cmd_serve)

@@ -12,6 +12,7 @@ from grammars.tool_formats.base import ToolFormat
 from grammars.tool_formats.call_regex import NO_PARAMETERS_SCHEMA, ToolFormatError
 from grammars.tool_grammar import tool_grammar
 from grammars.trigger_mask import trigger_masks
+from grammars.unit_union import UnitUnion
 from server.errors import APIError
 from server.protocol import ChatCompletionRequest, FunctionCall, ToolCall
 from server.state import ServerState
@@ -58,23 +59,47 @@ def _args_regex_for(tools: list[dict]):
     return args_regex
 
 
+@dataclass
+class PendingTools:
+    """A tool constraint whose units are compiling: ``wait()`` attaches them, or raises the 400."""
+    constraint: ToolCallConstraint
+    names: tuple[str, ...]
+    positions: tuple[int, ...]  # per unit: its tool's position in `tools`
+    units: list  # concurrent.futures.Future[CompiledGrammar] per first-block unit
+    later: list | None  # the same for later blocks (mistral), or None: the same units
+
+    async def wait(self) -> None:
+        first = [await self._result(f, i) for i, f in enumerate(self.units)]
+        later = [await self._result(f, i) for i, f in enumerate(self.later)] if self.later else None
+        self.constraint.attach(UnitUnion(first), UnitUnion(later) if later else None)
+
+    async def _result(self, future, i: int):
+        try:
+            return await asyncio.wrap_future(future)
+        except GrammarError as exc:
+            position = self.positions[i]
+            raise APIError(f"the grammar of tool {self.names[i]!r} (tools[{position}]) failed: {exc}",
+                           param=f"tools[{position}].function.parameters",
+                           code="grammar_compilation_failed") from exc
+
+
 async def build_tool_constraint(state: ServerState, body: ChatCompletionRequest,
-                                choice: ToolChoice) -> tuple[ToolCallConstraint, frozenset[int]]:
-    """The call constraint for auto/required/named, and the special tokens to keep in the text."""
+                                choice: ToolChoice) -> tuple[PendingTools, frozenset[int]]:
+    """The call constraint for auto/required/named (its units compiling), and the special tokens to
+    keep in the text. Each tool is one unit: only tools not compiled before cost a compile."""
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
     for tool in tools:
         tool["function"].pop("strict", None)
     parallel = body.parallel_tool_calls is not False
     try:
-        grammar = tool_grammar(state.tool_format, tools, _args_regex_for(tools), parallel,
-                               forced_name=choice.name)
+        grammar = await asyncio.to_thread(tool_grammar, state.tool_format, tools, _args_regex_for(tools), parallel,
+                                          choice.name)
     except ToolFormatError as exc:
         raise APIError(str(exc), param="tools") from exc
-    try:
-        block = await state.compiler.compile_regex_async(grammar.inner)
-    except GrammarError as exc:
-        raise APIError(str(exc), param="tools", code="grammar_compilation_failed") from exc
-    tokens = tool_tokens(state.tokenizer, grammar.open, grammar.close, grammar.separator)
+    units = [state.compiler.submit_regex(regex) for regex in grammar.units]
+    later = [state.compiler.submit_regex(regex) for regex in grammar.next_units] \
+        if grammar.next_units != grammar.units else None
+    tokens = tool_tokens(state.tokenizer, grammar.open, grammar.close, grammar.separator, grammar.end)
     trigger = None
     if choice.mode == "auto":
         trigger_ids = tuple(state.tokenizer.encode(grammar.trigger, add_special_tokens=False))
@@ -84,10 +109,13 @@ async def build_tool_constraint(state: ServerState, body: ChatCompletionRequest,
     else:
         tokens_of_trigger = set()
     special = set(state.tokenizer.all_special_ids)
-    keep = (set(tokens.open) | set(tokens.close) | set(tokens.separator or ()) | tokens_of_trigger) & special
-    constraint = ToolCallConstraint(block, tokens, required=choice.mode != "auto", trigger=trigger,
-                                    bare_object_at_start=grammar.bare_object_at_start)
-    return constraint, frozenset(keep)
+    keep = (set(tokens.open) | set(tokens.close) | set(tokens.separator or ()) | set(tokens.end)
+            | tokens_of_trigger) & special
+    constraint = ToolCallConstraint(tokens, required=choice.mode != "auto", vocabulary=state.vocabulary,
+                                    trigger=trigger, bare_object_at_start=grammar.bare_object_at_start)
+    names = [tool["function"]["name"] for tool in tools]
+    positions = tuple(names.index(name) for name in grammar.names)
+    return PendingTools(constraint, grammar.names, positions, units, later), frozenset(keep)
 
 
 class ToolCallReader:

@@ -245,3 +245,45 @@ def test_a_constraint_that_fails_fails_only_its_own_request(engine, smollm_token
     ok, bad = asyncio.run(both())
     assert bad[-1].finish_reason == "error" and "token refused" in bad[-1].error
     assert ok[-1].finish_reason == "length" and ok[-1].completion_tokens == 5
+
+
+def test_a_request_waits_for_its_grammar_units_and_no_one_else_does(tiny_model, smollm_tokenizer):
+    """A tool request submitted before its units are compiled is prefilled, then parked: a plain
+    request submitted after it finishes meanwhile; once the units are attached it decodes a call."""
+    from engine.constraint_hook import ConstraintMasker
+    from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
+    from grammars.tool_constraint import ToolCallConstraint, tool_tokens
+    from grammars.tool_grammar import tool_grammar
+    from grammars.unit_union import UnitUnion
+
+    vocab = TokenVocabulary.from_tokenizer(smollm_tokenizer, VOCAB, extra_eos_token_ids=(2,))
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}}}]
+    grammar = tool_grammar("hermes", tools, schema_to_regex, parallel=False)
+    constraint = ToolCallConstraint(tool_tokens(smollm_tokenizer, grammar.open, grammar.close, None), True, vocab)
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512,
+                 logits_hooks=[ConstraintMasker(VOCAB, 8)])
+    eng.start()
+    try:
+        with GrammarCompiler(vocab, timeout_s=60) as compiler:
+            async def scenario():
+                async def collect(request):
+                    return [e async for e in eng.generate(request)]
+                waiting = asyncio.create_task(collect(Request(
+                    prompt_ids=prompt(smollm_tokenizer, "Add:"), constraint=constraint,
+                    params=SamplingParams(max_tokens=40, temperature=0))))
+                await asyncio.sleep(0.2)  # submitted first
+                free = await collect(Request(prompt_ids=prompt(smollm_tokenizer),
+                                             params=SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)))
+                assert not waiting.done()
+                parked = len(eng.scheduler.parked)
+                constraint.attach(UnitUnion([compiler.compile_regex(grammar.units[0])]))
+                eng.wake()
+                return free, parked, await waiting
+            free, parked, constrained = asyncio.run(scenario())
+    finally:
+        eng.shutdown()
+    assert free[-1].finish_reason == "length" and parked == 1
+    text = "".join(e.text for e in constrained)
+    assert constrained[-1].finish_reason == "stop" and constrained[-1].completion_tokens > 3
+    assert json.loads(text.split("\n")[1])["name"] == "add", text

@@ -16,8 +16,7 @@ from grammars import allocate_token_bitmask, apply_token_bitmask_inplace, fill_n
 from grammars.budget import ALLOWED, BANNED, NONE, build_budget_table, budget_table_from_transitions
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, sparse_mask
-from grammars.tool_constraint import ToolCallConstraint, tool_tokens
-from grammars.tool_grammar import tool_grammar
+from grammars.tool_grammar import compile_tool_constraint, tool_grammar
 from grammars.trigger_mask import trigger_masks
 
 SCHEMA = {  # a variant of test_grammars_matcher's, so its states are first built here
@@ -233,10 +232,8 @@ def test_tool_constraint_fast_path_equals_bitmask_path():
     tools = [{"type": "function", "function": {"name": "pick", "parameters": SCHEMA}}]
     grammar = tool_grammar("hermes", tools, schema_to_regex, False, None)
     tokenizer, vocab = smollm2_tokenizer(), smollm2_vocabulary()
-    constraint = ToolCallConstraint(
-        shared_compiler().compile_regex(grammar.inner),
-        tool_tokens(tokenizer, grammar.open, grammar.close, grammar.separator),
-        required=False, trigger=trigger_masks(vocab, grammar.trigger, ()))
+    constraint = compile_tool_constraint(grammar, shared_compiler(), tokenizer, required=False,
+                                         trigger=trigger_masks(vocab, grammar.trigger, ()))
     assert constraint.sparse_mask().allowed is False  # free text: the few overrunning tokens banned
     for token in tokenizer.encode("Sure. <tool_call>", add_special_tokens=False):
         constraint.advance(token)

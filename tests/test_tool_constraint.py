@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
-from grammars.tool_constraint import ToolCallConstraint, tool_tokens
 from grammars.tool_formats import get_tool_format
-from grammars.tool_grammar import tool_grammar
+from grammars.tool_grammar import compile_tool_constraint, tool_grammar
 from grammars.trigger_mask import trigger_masks
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -36,11 +35,8 @@ def compiler(vocab):
 
 def make(compiler, vocab, tokenizer, fmt="hermes", mode="required", parallel=True, forced_name=None):
     grammar = tool_grammar(fmt, TOOLS, schema_to_regex, parallel, forced_name)
-    block = compiler.compile_regex(grammar.inner)
-    tokens = tool_tokens(tokenizer, grammar.open, grammar.close, grammar.separator)
     trigger = trigger_masks(vocab, grammar.trigger, ()) if mode == "auto" else None
-    return ToolCallConstraint(block, tokens, required=mode != "auto", trigger=trigger,
-                              bare_object_at_start=grammar.bare_object_at_start)
+    return compile_tool_constraint(grammar, compiler, tokenizer, required=mode != "auto", trigger=trigger)
 
 
 def allowed(constraint, size=49152):

@@ -57,17 +57,23 @@ def name_regex(name: str) -> str:
     return re.escape(json.dumps(name, ensure_ascii=False))
 
 
+def chosen_specs(tools: list[dict] | None, forced_name: str | None) -> list[tuple[str, dict]]:
+    """function_specs of all tools, or only of `forced_name` (a ToolFormatError if it is not among them)."""
+    specs = function_specs(tools)
+    if forced_name is None:
+        return specs
+    chosen = [spec for spec in specs if spec[0] == forced_name]
+    if not chosen:
+        known = ", ".join(repr(name) for name, _ in specs)
+        raise ToolFormatError(f"tool_choice names function {forced_name!r}, which is not in `tools` "
+                              f"(known: {known}); name one of them or add it to `tools`")
+    return chosen
+
+
 def call_alternatives(tools: list[dict] | None, args_regex: ArgsRegex, forced_name: str | None,
                       call_object: CallObjectRegex) -> str:
     """One group matching a call object of any tool (or only of `forced_name`)."""
-    specs = function_specs(tools)
-    if forced_name is not None:
-        chosen = [spec for spec in specs if spec[0] == forced_name]
-        if not chosen:
-            known = ", ".join(repr(name) for name, _ in specs)
-            raise ToolFormatError(f"tool_choice names function {forced_name!r}, which is not in `tools` "
-                                  f"(known: {known}); name one of them or add it to `tools`")
-        specs = chosen
+    specs = chosen_specs(tools, forced_name)
     alternatives = [call_object(name_regex(name), args_regex(parameters)) for name, parameters in specs]
     return "(" + "|".join(alternatives) + ")"
 

@@ -1,0 +1,195 @@
+"""The choice among grammar units: one compiled unit per tool, stepped side by side until one is left.
+
+A tool-call block is one call to one of the request's tools. Each tool's block is its own unit (a
+CompiledGrammar of `{"name": "NAME", "arguments": ARGS}` with the format's text around it), compiled
+and cached by its own text, so a request compiles only the tools it has not seen before and the
+union of the tools is never one big index. `UnionMatcher` walks every live unit in lock step: a
+token is allowed when some live unit allows it, a unit that refuses a token drops out. Every unit
+spells its tool's name, so after the first few tokens (`{"name": "` is common to all) one unit is
+left and the matcher delegates to it at no extra cost. A token that crosses from the name into the
+arguments (`",`, `weather", "`) is inside one unit, so it stays allowed, as the tokenizer writes it.
+
+While several units are live, the union of their masks is built from the units' memoised rows and
+memoised itself per tuple of (unit, state) (`_UNION_CACHE`), so an agent that sends the same tools
+again pays a dict lookup. Under a token budget only units that can still close within it take part.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import torch
+
+from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
+from grammars.errors import GrammarError
+from grammars.matcher import Matcher
+from grammars.sparse_mask import SparseMask, sparse_mask
+
+_UNION_CACHE: OrderedDict[tuple, tuple[torch.Tensor, SparseMask | None]] = OrderedDict()
+_UNION_CACHE_SIZE = 1024  # rows (6 KB each on a 49k vocabulary, 32 KB on 262k)
+_LOCK = threading.Lock()
+_FORCED_LIMIT = 64
+
+
+class UnitUnion:
+    """The units one call block may follow (immutable; shared by the requests with the same tools)."""
+
+    def __init__(self, units: list[CompiledGrammar]):
+        if not units:
+            raise GrammarError("a unit union needs at least one unit")
+        self.units = tuple(units)
+        self.vocabulary = units[0].vocabulary
+
+    def matcher(self) -> "UnionMatcher":
+        return UnionMatcher(self)
+
+    def min_tokens(self) -> int:
+        """Fewest tokens of a whole block (from the units' initial states)."""
+        return min(unit.min_tokens(unit.initial_state) for unit in self.units)
+
+
+class UnionMatcher:
+    """Per-request cursor over a UnitUnion; the Matcher interface."""
+
+    def __init__(self, union: UnitUnion):
+        self.union = union
+        self.vocabulary = union.vocabulary
+        self._matchers = [unit.matcher() for unit in union.units]
+        self._live: tuple[int, ...] = tuple(range(len(self._matchers)))
+        self._history: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (live before, advanced)
+        self._width = (self.vocabulary.size + 31) // 32
+        self._budget_forced = False
+
+    # -- one unit left: delegate --------------------------------------------------------------------
+    @property
+    def only(self) -> Matcher | None:
+        return self._matchers[self._live[0]] if len(self._live) == 1 else None
+
+    @property
+    def budget_forced(self) -> bool:
+        return self._budget_forced or any(m.budget_forced for m in self._matchers)
+
+    def fill(self, row: torch.Tensor, budget: int | None = None) -> None:
+        """row: int32 [W]; the union of the live units' masks (under ``budget``, of the units that can
+        still close within it, or else of the nearest)."""
+        only = self.only
+        if only is not None:
+            only.fill(row, budget)
+            return
+        live = self._within(budget)
+        if budget is None or all(self._matchers[i]._budget_mask(budget) is None for i in live):
+            if len(live) < len(self._live):
+                self._budget_forced = True
+            row.copy_(self._union(live)[0])
+            return
+        self._budget_forced = True
+        scratch = torch.empty_like(row)  # [W]; rare: only where the budget narrows a unit's mask
+        row.zero_()
+        for i in live:
+            self._matchers[i].fill(scratch, budget)
+            row.bitwise_or_(scratch)
+
+    def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
+        """The union's memoised SparseMask, or None where a budget narrows it (then fill)."""
+        only = self.only
+        if only is not None:
+            return only.sparse_mask(budget)
+        live = self._within(budget)
+        if len(live) < len(self._live) or (
+                budget is not None and any(self._matchers[i]._budget_mask(budget) is not None for i in live)):
+            return None
+        return self._union(live)[1]
+
+    def _within(self, budget: int | None) -> tuple[int, ...]:
+        """The live units that can close within ``budget`` (all when none can: the nearest)."""
+        if budget is None:
+            return self._live
+        need = {i: self._matchers[i].min_tokens() for i in self._live}
+        fits = tuple(i for i in self._live if need[i] <= budget)
+        if fits:
+            return fits
+        nearest = min(need.values())
+        return tuple(i for i in self._live if need[i] == nearest)
+
+    def _union(self, live: tuple[int, ...]) -> tuple[torch.Tensor, SparseMask | None]:
+        """(int32 [W] row, SparseMask or None) of the live units' states, memoised."""
+        key = tuple((self.union.units[i].key, self._matchers[i].state) for i in live)
+        with _LOCK:
+            hit = _UNION_CACHE.get(key)
+            if hit is not None:
+                _UNION_CACHE.move_to_end(key)
+                return hit
+        with torch.inference_mode(False):  # read both inside and outside the engine's step
+            row = torch.zeros(self._width, dtype=torch.int32)  # [W]
+            for i in live:
+                matcher = self._matchers[i]
+                row.bitwise_or_(matcher.grammar.state_mask(matcher._guide))
+            entry = (row, sparse_mask(row, self.vocabulary.size))
+        with _LOCK:
+            _UNION_CACHE[key] = entry
+            while len(_UNION_CACHE) > _UNION_CACHE_SIZE:
+                _UNION_CACHE.popitem(last=False)
+        return entry
+
+    # -- stepping -----------------------------------------------------------------------------------
+    def accepts(self, token_id: int) -> bool:
+        return any(self._matchers[i].accepts(token_id) for i in self._live)
+
+    def advance(self, token_id: int) -> None:
+        only = self.only
+        if only is not None:
+            only.advance(token_id)
+            self._history.append((self._live, self._live))
+            return
+        taken = tuple(i for i in self._live if self._matchers[i].accepts(token_id))
+        if not taken:
+            raise GrammarError(f"token {token_id} is allowed by none of the tools' grammars here; "
+                               "apply the bitmask before sampling")
+        for i in taken:
+            self._matchers[i].advance(token_id)
+        self._history.append((self._live, taken))
+        self._live = taken
+
+    def rollback(self, n: int) -> None:
+        if n < 0 or n > len(self._history):
+            raise GrammarError(f"cannot roll back {n} tokens: only {len(self._history)} were consumed")
+        for _ in range(n):
+            before, advanced = self._history.pop()
+            for i in advanced:
+                self._matchers[i].rollback(1)
+            self._live = before
+
+    def forced(self) -> list[int]:
+        """Tokens that must come next: the one token every live unit allows alone."""
+        only = self.only
+        if only is not None:
+            return only.forced()
+        out: list[int] = []
+        while len(out) < _FORCED_LIMIT and self.only is None:
+            singles = {self._matchers[i].grammar.single_token(self._matchers[i]._guide) for i in self._live}
+            if len(singles) != 1 or NO_TOKEN in singles:
+                break
+            token = singles.pop()
+            self.advance(token)
+            out.append(token)
+        tail = self.only.forced() if out and self.only is not None else []
+        self.rollback(len(out))
+        return out + tail
+
+    def min_tokens(self) -> int:
+        return min(self._matchers[i].min_tokens() for i in self._live)
+
+    def min_tokens_after(self, token_id: int) -> int | None:
+        after = [self._matchers[i].min_tokens_after(token_id) for i in self._live]
+        after = [a for a in after if a is not None]
+        return min(after) if after else None
+
+    def finished(self) -> bool:
+        return any(self._matchers[i].finished() for i in self._live)
+
+    def closed(self) -> bool:
+        return self.finished()
+
+    def is_terminated(self) -> bool:
+        return all(self._matchers[i].is_terminated() for i in self._live)
