@@ -211,11 +211,14 @@ class Engine:
         if seq.constraint is not None:
             seq.constraint.advance(token)
         text, reason = "", None
-        if token in seq.stop_token_ids:
+        free = seq.constraint is None or seq.constraint.free_text()  # stops never cut a constrained span
+        if token in seq.stop_token_ids and (free or seq.constraint.is_terminated()):
             reason = "stop"
-        else:
+        elif free:
             text, stopped = seq.stops.feed(seq.detokenizer.add(token))
             reason = "stop" if stopped else None
+        else:
+            text = seq.stops.flush() + seq.detokenizer.add(token)  # held text began no stop after all
         if reason is None:
             if seq.constraint is not None and seq.constraint.is_terminated():
                 reason = "stop"

@@ -141,6 +141,10 @@ class Matcher:
             guide.rollback_state(len(out))
         return out
 
+    def free_text(self) -> bool:
+        """Never: the whole output is constrained (stop strings do not apply inside it)."""
+        return False
+
     def finished(self) -> bool:
         """Whether the output so far is a complete match (EOS would be accepted)."""
         return self._terminated or self.grammar.is_final(self._guide.get_state())

@@ -219,6 +219,11 @@ class ToolCallConstraint:
             return self._matcher.forced()
         return []
 
+    def free_text(self) -> bool:
+        """Whether the output is free text here (auto mode before a call): stop strings apply there
+        only, so a stop string inside a call never cuts it."""
+        return self._phase == TEXT
+
     def finished(self) -> bool:
         return self._phase in (TEXT, DONE) or self.closed()
 

@@ -211,3 +211,21 @@ def test_react_agent_example_runs_to_an_answer(server_url, capsys):
     answer = agent.run("What is the weather in Paris?", f"{server_url}/v1", MODEL, max_steps=2)
     assert "step 0:" in capsys.readouterr().out  # at least one real tool call ran
     assert isinstance(answer, str)
+
+
+def test_a_stop_string_never_cuts_a_call_or_a_structured_output(client):
+    """ReAct agents send stop=["Observation:"] on every request: inside a call or a JSON output the
+    stop string is text like any other (stops apply to free text only)."""
+    note = "Thought, then Observation: done"
+    schema = {"type": "object", "properties": {"note": {"const": note}}, "required": ["note"],
+              "additionalProperties": False}
+    common = dict(model=MODEL, messages=ASK, stop=["Observation:"], max_tokens=60, temperature=0)
+    tools = [{"type": "function", "function": {"name": "log", "parameters": schema}}]
+    reply = client.chat.completions.create(tools=tools, tool_choice="required", **common)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert json.loads(reply.choices[0].message.tool_calls[0].function.arguments) == {"note": note}
+    _, calls, finish = streamed(client, tools=tools, tool_choice="required", **common)
+    assert finish == "tool_calls" and json.loads(calls[0][2]) == {"note": note}
+    reply = client.chat.completions.create(response_format={"type": "json_schema", "json_schema": {
+        "name": "note", "schema": schema}}, **common)
+    assert reply.choices[0].finish_reason == "stop" and json.loads(reply.choices[0].message.content) == {"note": note}
