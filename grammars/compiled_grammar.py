@@ -60,6 +60,11 @@ class CompiledGrammar:
             raise AttributeError(f"CompiledGrammar is immutable; {name} cannot be reassigned")
         object.__setattr__(self, name, value)
 
+    def held_bytes(self) -> int:
+        """approx_bytes plus the per-state memos made since (packed rows and budget masks)."""
+        rows = len(self._masks) + sum(mask is not None for mask in list(self._budget_masks.values()))
+        return self.approx_bytes + 4 * self.width * rows
+
     def matcher(self, max_rollback: int = 4096):
         """A fresh per-request matcher at the initial state."""
         from grammars.matcher import Matcher

@@ -21,6 +21,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 from collections import OrderedDict
 from typing import Iterable
 
@@ -76,7 +77,7 @@ class GrammarCompiler:
             self._idle.put(w)
         if cache_dir:
             os.makedirs(cache_dir, exist_ok=True)
-        self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "timeouts": 0}
+        self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "timeouts": 0, "compile_seconds": 0.0}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -161,6 +162,7 @@ class GrammarCompiler:
 
     def _build(self, regex: str):
         worker = self._idle.get()
+        started = time.perf_counter()
         try:
             self.stats["compiles"] += 1
             return worker.build(regex, self.timeout_s, with_table=True)
@@ -169,6 +171,7 @@ class GrammarCompiler:
                 self.stats["timeouts"] += 1
             raise
         finally:
+            self.stats["compile_seconds"] += time.perf_counter() - started
             worker.start()  # respawn at once if the compile killed it
             self._idle.put(worker)
 
@@ -185,15 +188,26 @@ class GrammarCompiler:
             return grammar
 
     def _memory_put(self, key: str, grammar: CompiledGrammar) -> None:
-        """Keeps at most ``lru_size`` grammars and ``lru_bytes`` (approx_bytes) but always the newest."""
+        """Keeps at most ``lru_size`` grammars and ``lru_bytes`` (held_bytes: the index, its tables and
+        the per-state masks memoised so far) but always the newest."""
         with self._lock:
-            old = self._lru.pop(key, None)
-            self._lru_held -= old.approx_bytes if old is not None else 0
+            self._lru.pop(key, None)
             self._lru[key] = grammar
-            self._lru_held += grammar.approx_bytes
-            while len(self._lru) > 1 and (len(self._lru) > self.lru_size or self._lru_held > self.lru_bytes):
-                self._lru_held -= self._lru.popitem(last=False)[1].approx_bytes
+            held = [g.held_bytes() for g in self._lru.values()]
+            total, dropped = sum(held), 0
+            while len(self._lru) > 1 and (len(self._lru) > self.lru_size or total > self.lru_bytes):
+                self._lru.popitem(last=False)
+                total -= held[dropped]
+                dropped += 1
+            self._lru_held = total
             self._inflight.pop(key, None)
+
+    def memory_report(self) -> dict:
+        """Grammars in memory and the bytes they hold now (for /metrics)."""
+        with self._lock:
+            grammars = list(self._lru.values())
+        return {"grammars": len(grammars), "bytes": sum(g.held_bytes() for g in grammars),
+                "budget_bytes": self.lru_bytes, "workers": len(self._workers)}
 
     def _disk_path(self, key: str) -> str | None:
         return os.path.join(self.cache_dir, f"{key}.index") if self.cache_dir else None

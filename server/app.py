@@ -15,6 +15,7 @@ from sse_starlette.sse import EventSourceResponse
 from server import chat, completions
 from server.completions import CompletionRequest
 from server.errors import install_error_handlers
+from server.grammar_metrics import grammar_metrics_text
 from server.protocol import ChatCompletionRequest
 from server.state import ServerState
 
@@ -37,7 +38,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(state.engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        body = state.engine.metrics.render() + grammar_metrics_text(state.compiler)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/debug/integrity")
     async def integrity():
