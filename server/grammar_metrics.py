@@ -3,7 +3,7 @@
 maskd_grammar_compiles_total, maskd_grammar_compile_seconds_total, maskd_grammar_compile_timeouts_total,
 maskd_grammar_cache_hits_total{tier="memory"|"disk"}, maskd_grammar_units (compiled units held in
 memory), maskd_grammar_memory_bytes (what they hold: indexes, budget tables, memoised masks),
-maskd_grammar_memory_budget_bytes, maskd_grammar_workers.
+maskd_grammar_memory_budget_bytes, maskd_grammar_workers, maskd_json_automaton_load_seconds.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ class GrammarCollector:
         yield GaugeMetricFamily("maskd_grammar_memory_budget_bytes", "--grammar-memory-mb in bytes",
                                 value=memory["budget_bytes"])
         yield GaugeMetricFamily("maskd_grammar_workers", "Grammar compile processes", value=memory["workers"])
+        yield GaugeMetricFamily("maskd_json_automaton_load_seconds",
+                                "Seconds to build or load the JSON-value automaton (at startup)",
+                                value=stats["json_automaton_seconds"])
 
 
 def grammar_metrics_text(compiler) -> bytes:

@@ -24,14 +24,14 @@ async def build_format_constraint(state: ServerState, body: ChatCompletionReques
     param = "response_format"
     try:
         if fmt.type == "json_object":
-            grammar = await state.compiler.compile_json_object_async()
+            return state.compiler.json_object_matcher()  # the shared automaton, built at startup
         else:
             param = "response_format.json_schema.schema"
             if fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise APIError("response_format of type json_schema needs json_schema.schema", param=param)
             schema = fmt.json_schema.schema_
             ignore = UNSUPPORTED_KEYWORDS if fmt.json_schema.strict is False else ()
-            regex = await asyncio.to_thread(schema_to_regex, schema, None, ignore)
+            regex = await asyncio.to_thread(schema_to_regex, schema, None, ignore, True)  # free values: holes
             grammar = await state.compiler.compile_regex_async(regex)
     except UnsupportedSchemaError as exc:
         raise APIError(str(exc), param=param, code="unsupported_schema") from exc

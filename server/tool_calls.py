@@ -50,7 +50,7 @@ def _args_regex_for(tools: list[dict]):
 
     def args_regex(schema: dict) -> str:
         try:
-            return schema_to_regex(schema)
+            return schema_to_regex(schema, free_values=True)  # free-form values: the JSON automaton's holes
         except GrammarError as exc:
             position = positions.get(id(schema))
             param = f"tools[{position}].function.parameters" if position is not None else "tools"

@@ -81,12 +81,12 @@ def test_json_object_walk():
     vocab = smollm2_vocabulary()
     from grammars import GrammarCompiler
 
-    compiler = GrammarCompiler(vocab, json_object_depth=2)
+    compiler = GrammarCompiler(vocab, workers=1)
     try:
-        grammar = compiler.compile_json_object()
+        matcher = compiler.json_object_matcher()
     finally:
         compiler.close()
-    tokens = _walk(grammar.matcher(), vocab, seed=7, steps=400)
+    tokens = _walk(matcher, vocab, seed=7, steps=400)
     assert isinstance(json.loads(vocab.decode(tokens)), dict)
 
 

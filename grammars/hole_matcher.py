@@ -1,0 +1,231 @@
+"""HoleMatcher: the Matcher of a unit whose regex has free-value holes (grammars/free_values.py).
+
+In the unit, it is the unit's Matcher, except where a value may start: there the sentinel is never
+offered, and the value's first tokens (and the tokens that reach the hole through the unit's forced
+text, such as `:{"`) are. Inside a value, a JsonValueMatcher runs it, and the tokens that end it and
+go on in the unit are allowed too (`}}`, `"},"`, `1,"` even where `"` starts the next value); when a
+token leaves a value, the unit takes the sentinel and the rest of the token (HoleTables.run). Masks
+come memoised from HoleTables (grammars/hole_tables.py); the interface is Matcher's, so the engine,
+UnitUnion and the tool constraint use it unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grammars.errors import GrammarError
+from grammars.json_value_matcher import JsonValueMatcher
+from grammars.matcher import Matcher
+from grammars.sparse_mask import SparseMask
+
+
+class HoleMatcher:
+    """Per-request cursor: a unit Matcher, and the value being written (or None)."""
+
+    def __init__(self, grammar, tables, max_rollback: int = 4096) -> None:
+        self.grammar = grammar
+        self.tables = tables
+        self.unit = Matcher(grammar, max_rollback=max_rollback)
+        self.value: JsonValueMatcher | None = None
+        self.hole = -1  # the unit's state where the open value started
+        self._history: list[tuple] = []  # per token: (unit steps, value before, hole before, value stepped)
+        self.budget_forced = False
+
+    @property
+    def state(self):
+        return (self.unit.state, self.value.state if self.value is not None else None, self.hole)
+
+    # -- masks ----------------------------------------------------------------------------------------
+    def _mask(self) -> tuple[torch.Tensor, SparseMask | None] | None:
+        """(row, sparse) without a budget, or None where the unit's own masks apply."""
+        if self.value is not None:
+            return self.tables.value_mask(self.value, self.hole)
+        if self.unit._terminated:
+            return None
+        return self.tables.unit_mask(self.unit.state)
+
+    def row(self) -> torch.Tensor:
+        """The memoised int32 [W] mask here (no budget; read only)."""
+        mask = self._mask()
+        return self.unit.row() if mask is None else mask[0]
+
+    def narrows(self, budget: int | None) -> bool:
+        """Whether ``budget`` rules out a token the mask allows (then fill, not row/sparse_mask)."""
+        if budget is None:
+            return False
+        tables, grammar = self.tables, self.grammar
+        if self.value is not None:
+            room = budget - grammar.min_tokens(tables.hole_after(self.hole))
+            return (room < 1 or tables.automaton.budget_row(self.value._q, self.value._frame, room) is not None
+                    or tables.leaving(self.value.state, self.hole)[1] > budget - 1)
+        if self.unit._terminated:
+            return False
+        state = self.unit.state
+        if self.unit.narrows(budget):
+            return True
+        if not tables.near_hole(state):
+            return False
+        if tables.is_hole(state):
+            room = budget - grammar.min_tokens(tables.hole_after(state))
+            start = tables.automaton.initial("value")
+            if room < 1 or tables.automaton.budget_row(*start, room) is not None:
+                return True
+        return tables.entering(state)[1] > budget - 1
+
+    def fill(self, row: torch.Tensor, budget: int | None = None) -> None:
+        if self.narrows(budget):
+            self._fill_budget(row, budget)
+            return
+        mask = self._mask()
+        if mask is None:
+            self.unit.fill(row)
+        else:
+            row.copy_(mask[0])
+
+    def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
+        if self.narrows(budget):
+            return None
+        mask = self._mask()
+        return self.unit.sparse_mask() if mask is None else mask[1]
+
+    def _fill_budget(self, row: torch.Tensor, budget: int) -> None:
+        """Near the end of the budget: only tokens after which the output can still close in time
+        (those of the unit's budget mask, and values entered or left only where they fit)."""
+        tables, grammar = self.tables, self.grammar
+        if self.value is None:
+            self.unit.fill(row, budget)
+            for token in tables.sentinel_ids:
+                row[token >> 5] &= ~_bit(token & 31)
+            state = None if self.unit._terminated else self.unit.state
+            if state is not None and tables.near_hole(state):  # tokens into a value that fit
+                for token in tables.entering(state)[0]:
+                    _, end = tables.run(state, None, -1, tables.token_bytes[token])
+                    if tables.least(end) <= budget - 1:
+                        row[token >> 5] |= _bit(token & 31)
+            if state is not None and tables.is_hole(state):  # a value may start here
+                room = budget - grammar.min_tokens(tables.hole_after(self.unit.state))
+                if room >= 1:
+                    scratch = torch.zeros_like(row)
+                    JsonValueMatcher(tables.automaton, top="value").fill(scratch, room)
+                    self._clear_eos(scratch, final=False)
+                    row.bitwise_or_(scratch)
+        else:
+            after = tables.hole_after(self.hole)
+            room = budget - grammar.min_tokens(after)  # for the value, the unit's rest counted
+            row.zero_()
+            if room >= 1:
+                self.value.fill(row, room)
+                self._clear_eos(row, final=grammar.is_final(after))
+            state = self.value.state
+            for token in tables.leaving(state, self.hole)[0]:
+                _, end = tables.run(-1, state, self.hole, tables.token_bytes[token])
+                if tables.least(end) <= budget - 1:
+                    row[token >> 5] |= _bit(token & 31)
+            if not bool(row.any()):  # nothing fits (the budget was short already): the nearest
+                self.value.fill(row, 1)
+                self._clear_eos(row, final=grammar.is_final(after))
+        self.budget_forced = True
+
+    def _clear_eos(self, row: torch.Tensor, final: bool) -> None:
+        if not final:
+            for token in self.tables.automaton.eos_token_ids:
+                row[token >> 5] &= ~_bit(token & 31)
+
+    # -- stepping -------------------------------------------------------------------------------------
+    def accepts(self, token_id: int) -> bool:
+        mask = self._mask()
+        if mask is None:
+            return self.unit.accepts(token_id)
+        return bool(int(mask[0][token_id >> 5]) >> (token_id & 31) & 1)
+
+    def advance(self, token_id: int) -> None:
+        tables, value, hole = self.tables, self.value, self.hole
+        if value is None and token_id not in tables.sentinel_ids and self.unit.accepts(token_id):
+            self.unit.advance(token_id)
+            self._history.append((1, None, hole, False))
+            return
+        if value is not None and token_id in tables.automaton.eos_token_ids:
+            if not self.finished():
+                raise GrammarError(f"EOS token {token_id} is not allowed: the output is incomplete")
+            self.unit.advance(tables.sentinel)
+            self.unit.advance(token_id)
+            self.value = None
+            self._history.append((2, value, hole, False))
+            return
+        if value is not None and value.accepts(token_id):
+            value.advance(token_id)
+            self._history.append((0, value, hole, True))
+            return
+        piece = tables.token_bytes.get(token_id)
+        found = None if piece is None or self.unit._terminated else tables.run(
+            self.unit.state, value.state if value is not None else None, hole, piece)
+        if found is None or (value is None and not found[0] and found[1][0] == "unit"):
+            raise GrammarError(f"token {token_id} is not allowed by the grammar here; apply the bitmask before sampling")
+        steps, end = found
+        for step in steps:
+            self.unit.advance(step)
+        self.value, self.hole = (None, -1) if end[0] == "unit" else (_value_at(tables, *end[2]), end[1])
+        self._history.append((len(steps), value, hole, False))
+
+    def rollback(self, n: int) -> None:
+        if n < 0 or n > len(self._history):
+            raise GrammarError(f"cannot roll back {n} tokens: only {len(self._history)} were consumed")
+        for _ in range(n):
+            steps, value, hole, stepped = self._history.pop()
+            if steps:
+                self.unit.rollback(steps)
+            self.value, self.hole = value, hole
+            if stepped:
+                value.rollback(1)
+
+    def forced(self) -> list[int]:
+        """Tokens that must come next: the unit's chain up to a hole, or the value's own chain."""
+        if self.value is not None:
+            return self.value.forced()
+        chain = self.unit.forced()
+        sentinels = set(self.tables.sentinel_ids)
+        return chain[:next((i for i, token in enumerate(chain) if token in sentinels), len(chain))]
+
+    def single(self) -> int:
+        forced = self.forced()
+        return forced[0] if forced else -1
+
+    def min_tokens(self) -> int:
+        if self.value is None:
+            return self.unit.min_tokens()
+        return self.value.min_tokens() + self.grammar.min_tokens(self.tables.hole_after(self.hole))
+
+    def min_tokens_after(self, token_id: int) -> int | None:
+        if not self.accepts(token_id):
+            return None
+        self.advance(token_id)
+        try:
+            return self.min_tokens()
+        finally:
+            self.rollback(1)
+
+    def finished(self) -> bool:
+        if self.value is None:
+            return self.unit.finished()
+        return self.value.finished() and self.grammar.is_final(self.tables.hole_after(self.hole))
+
+    def closed(self) -> bool:
+        return self.finished()
+
+    def is_terminated(self) -> bool:
+        return self.value is None and self.unit.is_terminated()
+
+    def free_text(self) -> bool:
+        return False
+
+
+def _value_at(tables, q: int, stack: tuple[int, ...]) -> JsonValueMatcher:
+    """A JsonValueMatcher in the state scan() reached: lexical state ``q``, containers ``stack``."""
+    value = JsonValueMatcher(tables.automaton, top="value")
+    value.place(q, tables.frame(stack))
+    return value
+
+
+def _bit(position: int) -> int:
+    """The int32 value with only bit `position` set (bit 31 is the sign bit)."""
+    return (1 << position) - (1 << 32 if position == 31 else 0)

@@ -1,0 +1,248 @@
+"""HoleTables: what a unit with free-value holes needs at run time, memoised per grammar.
+
+A unit compiled from a schema with free-form values (grammars/free_values.py) steps over each value
+with one sentinel token; HoleMatcher (grammars/hole_matcher.py) runs the value with the shared
+JSON-value automaton instead. Tokens that cross a boundary stay allowed where the text they spell is
+valid, decided against the automaton's stack (as xgrammar's context-dependent tokens):
+- leaving: `}}`, `"},` or `1,"` end the value and go on in the unit (the rest is walked in the
+  unit's index byte by byte, through the vocabulary's one-byte tokens; `run`);
+- entering: `":{"`, `:"` or `,[` walk the unit up to a hole and start a value.
+The masks at unit states near a hole and at value states near their end (at most four containers
+open) are memoised here, shared by every request of the grammar; deeper in a value the automaton's
+own masks apply. Only tokens that hold `,`, `}` or `]` can leave a value (that is what follows one
+in a unit), and only tokens that hold `:`, `,` or `[` can walk into one from elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from grammars.errors import GrammarError
+from grammars.free_values import HOLE
+from grammars.json_value_lexer import AFTER, VALUE, scan
+from grammars.json_value_matcher import JsonValueMatcher
+from grammars.sparse_mask import SparseMask, sparse_mask
+
+_DONE = (AFTER, ())  # scan's state once a top-level value is complete
+HOLE_BYTE = HOLE.encode()[0]
+_EXIT_DEPTH = 4  # a token may leave a value from at most this many open containers
+
+
+class _BytesView(NamedTuple):
+    sentinel: int  # the one-byte token of HOLE
+    sentinel_ids: list[int]  # every token that starts with HOLE (never offered)
+    byte_ids: dict[int, int]  # byte -> a one-byte token of it
+    longest: int  # bytes of the longest token
+    leaving: np.ndarray  # int64 ids of the tokens holding `,`, `}` or `]`
+    entering: np.ndarray  # int64 ids of the tokens holding `:`, `,` or `[`
+
+
+_VIEWS: dict[str, _BytesView] = {}
+
+
+def _bytes_view(vocabulary) -> _BytesView:
+    """The byte facts of a vocabulary the holes need (once per vocabulary)."""
+    view = _VIEWS.get(vocabulary.fingerprint)
+    if view is None:
+        pieces = vocabulary.token_bytes
+        sentinel = next((t for t, b in pieces.items() if b == HOLE.encode()), None)
+        if sentinel is None:
+            raise GrammarError("the vocabulary has no one-byte token for the free-value sentinel \\x01; "
+                               "compile this schema without free_values")
+        byte_ids: dict[int, int] = {}
+        for token, piece in pieces.items():
+            if len(piece) == 1:
+                byte_ids.setdefault(piece[0], token)
+        view = _VIEWS.setdefault(vocabulary.fingerprint, _BytesView(
+            sentinel, [t for t, b in pieces.items() if b.startswith(HOLE.encode())], byte_ids,
+            max(len(piece) for piece in pieces.values()),
+            np.array([t for t, p in pieces.items() if b"," in p or b"}" in p or b"]" in p], dtype=np.int64),
+            np.array([t for t, p in pieces.items() if b":" in p or b"," in p or b"[" in p], dtype=np.int64)))
+    return view
+
+
+class HoleTables:
+    """Per grammar with holes: the sentinel, byte walks and memoised masks (shared, thread-safe)."""
+
+    def __init__(self, grammar, automaton) -> None:
+        vocabulary = grammar.vocabulary
+        self.grammar, self.automaton, self.index = grammar, automaton, grammar.index
+        view = _bytes_view(vocabulary)
+        self.sentinel, self.sentinel_ids, self.byte_ids = view.sentinel, view.sentinel_ids, view.byte_ids
+        self.longest, self.candidates, self.entry_candidates = view.longest, view.leaving, view.entering
+        self.token_bytes = vocabulary.token_bytes
+        self.width = grammar.width
+        self.size = vocabulary.size
+        self._memo: dict[tuple, object] = {}  # idempotent entries: a race computes one twice
+
+    # -- the unit's side ------------------------------------------------------------------------------
+    def hole_after(self, state: int) -> int | None:
+        """The unit's state after a value that starts at ``state`` (None: no value starts there)."""
+        return self.index.get_next_state(state, self.sentinel)
+
+    def is_hole(self, state: int) -> bool:
+        return self.hole_after(state) is not None
+
+    def near_hole(self, state: int) -> bool:
+        """Whether a hole is at most one token's length of bytes away from ``state``."""
+        key = ("near", state)
+        if key not in self._memo:
+            frontier, seen, near = {state}, {state}, False
+            for _ in range(self.longest):
+                if any(self.is_hole(s) for s in frontier):
+                    near = True
+                    break
+                frontier = {n for s in frontier for b, t in self.byte_ids.items() if b != HOLE_BYTE
+                            and (n := self.index.get_next_state(s, t)) is not None and n not in seen}
+                if not frontier:
+                    break
+                seen |= frontier
+            self._memo[key] = near
+        return self._memo[key]
+
+    def unit_mask(self, state: int) -> tuple[torch.Tensor, SparseMask | None] | None:
+        """(row, sparse) at a unit state from which a value can be entered within one token; None
+        where none can (then the unit's own masks apply unchanged)."""
+        key = ("unit", state)
+        if key not in self._memo:
+            entering = None
+            if self.near_hole(state):
+                entering = self.entering(state)[0] + (self.value_start() if self.is_hole(state) else [])
+            self._memo[key] = None if entering is None else self._row(
+                self.grammar.state_mask_of(state), entering, clear=self.sentinel_ids)
+        return self._memo[key]
+
+    def entering(self, state: int) -> tuple[list[int], int]:
+        """(the tokens that walk the unit from ``state`` into a value (`":`, `,"`, `[{`), the most
+        tokens left after any of them); where a value starts here, also those that hold a whole value
+        and go on (the value's own first tokens are not listed: JsonValueMatcher masks them)."""
+        key = ("enter", state)
+        if key not in self._memo:
+            out, worst = [], 0
+            candidates = self.entry_candidates.tolist()
+            if self.is_hole(state):
+                candidates += self.candidates.tolist()
+            for token in candidates:
+                found = self.run(state, None, -1, self.token_bytes[token])
+                if found is not None and (found[1][0] == "value" or self.sentinel in found[0]):
+                    out.append(token)
+                    worst = max(worst, self.least(found[1]))
+            self._memo[key] = (out, worst)
+        return self._memo[key]
+
+    def value_start(self) -> list[int]:
+        """The tokens a value may start with (EOS not among them)."""
+        key = ("start",)
+        if key not in self._memo:
+            row = torch.zeros(self.width, dtype=torch.int32)  # [W]
+            JsonValueMatcher(self.automaton, top="value").fill(row)
+            self._memo[key] = [t for t in _bits(row, self.size) if t not in self.automaton.eos_token_ids]
+        return self._memo[key]
+
+    def least(self, end) -> int:
+        """min_tokens() at an end of run(): in the unit, or in a value and the unit after it."""
+        if end[0] == "unit":
+            return self.grammar.min_tokens(end[1])
+        _, hole, (q, stack) = end
+        return self.automaton.min_tokens(q, self.frame(stack)) + self.grammar.min_tokens(self.hole_after(hole))
+
+    def frame(self, stack: tuple[int, ...]):
+        """The automaton's Frame of the open containers ``stack`` (outermost first)."""
+        frame = self.automaton.root
+        for kind in stack:
+            frame = self.automaton.push(frame, kind)
+        return frame
+
+    # -- the value's side ------------------------------------------------------------------------------
+    def run(self, unit_state: int, value_state, hole: int, data: bytes):
+        """Walk ``data`` from a unit state (``value_state`` None) or from inside the value that started
+        at unit state ``hole``: leaving a value where it completes and the unit goes on, entering one
+        where the unit reaches a hole. Returns (the unit's tokens to take: one-byte tokens and
+        sentinels, the end: ("unit", state) or ("value", hole, (q, stack))), or None if invalid."""
+        steps, pos = [], 0
+        while True:
+            if value_state is not None:
+                state, used = scan(value_state, data[pos:])
+                if state is None:
+                    return None
+                if state == _DONE and pos + used < len(data):  # the value ends inside: the unit goes on
+                    unit_state = self.hole_after(hole)
+                    steps.append(self.sentinel)
+                    value_state, pos = None, pos + used
+                    continue
+                return steps, ("value", hole, state)
+            if pos == len(data):
+                return steps, ("unit", unit_state)
+            token = self.byte_ids.get(data[pos]) if data[pos] != HOLE_BYTE else None
+            following = None if token is None else self.index.get_next_state(unit_state, token)
+            if following is not None:
+                steps.append(token)
+                unit_state, pos = following, pos + 1
+            elif self.hole_after(unit_state) is not None:  # a value starts here
+                hole, value_state = unit_state, (VALUE, ())
+            else:
+                return None
+
+    def leaving(self, value_state, hole: int) -> tuple[list[int], int]:
+        """(the tokens that complete the value from ``value_state`` and go on validly in the unit,
+        the most tokens left after any of them)."""
+        if len(value_state[1]) > _EXIT_DEPTH:
+            return [], 0
+        key = ("leave", value_state, hole)
+        if key not in self._memo:
+            out, worst = [], 0
+            for token in self.candidates.tolist():
+                found = self.run(-1, value_state, hole, self.token_bytes[token])
+                if found is not None and found[0]:
+                    out.append(token)
+                    worst = max(worst, self.least(found[1]))
+            self._memo[key] = (out, worst)
+        return self._memo[key]
+
+    def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:
+        """(row, sparse) inside the value that started at unit state ``hole``: its own tokens (EOS only
+        where the unit may end after it) and the tokens that leave it."""
+        state, after = value.state, self.hole_after(hole)
+        key = ("value", state, hole) if len(state[1]) <= _EXIT_DEPTH else None
+        if key is not None and key in self._memo:
+            return self._memo[key]
+        row = torch.zeros(self.width, dtype=torch.int32)  # [W]
+        value.fill(row)
+        clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
+        entry = self._row(row, self.leaving(state, hole)[0], clear=clear)
+        if key is not None:
+            self._memo[key] = entry
+        return entry
+
+    def held_bytes(self) -> int:
+        """Bytes of the memoised rows and token lists (counted in the grammar's memory bound)."""
+        total = 0
+        for entry in list(self._memo.values()):
+            if isinstance(entry, tuple) and entry and isinstance(entry[0], torch.Tensor):
+                total += entry[0].numel() * 4 + (entry[1].ids.numel() * 8 if entry[1] is not None else 0)
+            elif isinstance(entry, tuple) and entry and isinstance(entry[0], list):
+                total += 8 * len(entry[0])
+            elif isinstance(entry, list):
+                total += 8 * len(entry)
+        return total
+
+    def _row(self, base: torch.Tensor, add: list[int], clear) -> tuple[torch.Tensor, SparseMask | None]:
+        with torch.inference_mode(False):
+            row = base.clone()  # [W]
+            words = row.numpy().view(np.uint32)
+            for token in clear:
+                words[token >> 5] &= ~np.uint32(1 << (token & 31))
+            if add:
+                ids = np.asarray(add, dtype=np.int64)
+                np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+            return row, sparse_mask(row, self.size)
+
+
+def _bits(row: torch.Tensor, size: int) -> list[int]:
+    """The set bits of an int32 [W] row below ``size``, ascending."""
+    words = row.numpy().view(np.uint32)
+    bits = np.unpackbits(words.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little").reshape(-1)[:size]
+    return np.flatnonzero(bits).tolist()

@@ -1,0 +1,121 @@
+"""Free-form values (`{}`, `{"type": "object"}`, arrays without item schema) as holes that the shared
+JSON-value automaton fills: small regexes, any depth, the tokenizer's own tokens across the holes."""
+
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+
+from grammar_fixtures import decode_within, shared_compiler, smollm2_tokenizer, smollm2_vocabulary
+from grammars import schema_to_regex
+from grammars.free_values import HOLE_REGEX
+from grammars.hole_matcher import HoleMatcher
+from grammars.tool_formats import get_tool_format
+from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+
+SCHEMA = {"type": "object", "properties": {
+    "query": {"type": "string", "maxLength": 10},
+    "metadata": {"type": "object", "additionalProperties": True},
+    "tags": {"type": "array", "items": {}},
+    "options": {"type": "object"},
+    "limit": {"type": "integer"}}, "required": ["query", "metadata"], "additionalProperties": False}
+ANY = {}
+
+
+def allowed(matcher, size=49152):
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    matcher.fill(row)
+    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
+    return set(torch.nonzero(bits.flatten()[:size]).flatten().tolist())
+
+
+@pytest.fixture(scope="module")
+def grammar():
+    return shared_compiler().compile_regex(schema_to_regex(SCHEMA, free_values=True))
+
+
+def test_free_values_are_holes_not_regexes():
+    regex = schema_to_regex(SCHEMA, free_values=True)
+    assert regex.count(r"\x01") == 6 and len(regex) < 600  # without holes: tens of thousands of characters
+    assert len(schema_to_regex(SCHEMA)) > 20000
+    assert schema_to_regex(ANY, free_values=True) == r"\x01"
+    fixed = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}}}}
+    assert HOLE_REGEX not in schema_to_regex(fixed, free_values=True)
+
+
+@pytest.mark.parametrize("text", [
+    '{"query":"q","metadata":{}}',
+    '{"query":"weather","metadata":{"user":{"id":7,"tags":["a","b"],"deep":[[[[[[[[[[1]]]]]]]]]]},"x":null},'
+    '"tags":[1,"two",{"three":3.5e+2},[],true],"options":{"k":"v"},"limit":-3}',
+    '{"query":"é ü","metadata":{"text":"日本語 \\"quoted\\" \\\\ done","n":0.25}}',
+])
+def test_the_tokenizers_own_encoding_is_allowed_token_by_token(grammar, text):
+    matcher = grammar.matcher()
+    assert isinstance(matcher, HoleMatcher)
+    tokens = smollm2_tokenizer().encode(text, add_special_tokens=False)
+    for i, token in enumerate(tokens):
+        piece = smollm2_tokenizer().decode(tokens[:i + 1])
+        assert token in allowed(matcher), f"token {i} ({smollm2_tokenizer().decode([token])!r}) refused after {piece!r}"
+        assert matcher.accepts(token)
+        matcher.advance(token)
+    assert matcher.finished()
+    eos = min(smollm2_vocabulary().eos_token_ids)
+    assert eos in allowed(matcher)
+    matcher.rollback(len(tokens))
+    assert allowed(matcher) == allowed(grammar.matcher())
+
+
+@pytest.mark.parametrize("text", ['{"query":"q","metadata":[]}', '{"query":"q","metadata":{"a":}}',
+                                  '{"query":"q","metadata":{"a":1},"tags":{"x":1}}',
+                                  '{"query":"q","metadata":{"a":1}}}'])
+def test_invalid_texts_are_refused(grammar, text):
+    matcher = grammar.matcher()
+    for token in smollm2_tokenizer().encode(text, add_special_tokens=False):
+        if token not in allowed(matcher):
+            return
+        matcher.advance(token)
+    assert not matcher.finished(), f"{text!r} was accepted"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_outputs_are_valid_against_the_schema(grammar, seed):
+    """Random logits under the masks (a budget of 80 tokens more than the shortest output makes
+    every walk end): each output is valid against the original schema."""
+    matcher = grammar.matcher()
+    ids = decode_within(matcher, matcher.min_tokens() + 80, random.Random(seed), favour=[])
+    assert matcher.finished()
+    text = smollm2_tokenizer().decode([t for t in ids if t not in smollm2_vocabulary().eos_token_ids])
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.parametrize("slack", [0, 3, 12])
+def test_budgets_close_free_values_in_time(grammar, slack):
+    """With the budget at the shortest output + slack, random outputs that favour opening brackets
+    and string text still close validly in time."""
+    tokenizer = smollm2_tokenizer()
+    favour = [t for t in range(49152) if tokenizer.decode([t]) in ("{", "[", '{"', '["', "a", "[[", "{\"a\":")]
+    for seed in range(6):
+        matcher = grammar.matcher()
+        budget = matcher.min_tokens() + slack
+        ids = decode_within(matcher, budget, random.Random(seed), favour)
+        assert len(ids) <= budget and matcher.finished(), tokenizer.decode(ids)
+        text = tokenizer.decode([t for t in ids if t not in smollm2_vocabulary().eos_token_ids])
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_a_tool_with_free_form_parameters_gives_valid_calls():
+    tools = [{"type": "function", "function": {"name": "search", "parameters": SCHEMA}},
+             {"type": "function", "function": {"name": "log", "parameters": {"type": "object", "properties": {
+                 "event": {}}, "required": ["event"]}}}]
+    grammar = tool_grammar("hermes", tools, lambda s: schema_to_regex(s, free_values=True), parallel=True)
+    for seed in range(2):
+        constraint = compile_tool_constraint(grammar, shared_compiler(), smollm2_tokenizer(), required=True)
+        out = decode_within(constraint, constraint.min_tokens() + 80, random.Random(seed), favour=[])
+        assert constraint.closed()
+        text = smollm2_tokenizer().decode(out, skip_special_tokens=False).replace("<|im_end|>", "")
+        _, calls = get_tool_format("hermes").parse(text)
+        assert calls
+        for name, arguments in calls:
+            jsonschema.validate(json.loads(arguments), tools[0 if name == "search" else 1]["function"]["parameters"])
