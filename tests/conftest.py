@@ -56,14 +56,14 @@ def server_url(tmp_path_factory):
 @pytest.fixture(scope="session")
 def client(server_url):
     from openai import OpenAI
-    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=1800)
 
 
 @pytest.fixture
 def async_client(server_url):
     """Per test: an async client's connections belong to the event loop of the test that used it."""
     from openai import AsyncOpenAI
-    return AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    return AsyncOpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=1800)
 
 
 @pytest.fixture(scope="session")

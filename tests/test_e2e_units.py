@@ -100,3 +100,31 @@ def test_a_tool_whose_grammar_exceeds_the_limit_is_a_400_naming_it(client):
     reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS[:3], tool_choice="required",
                                            max_tokens=160, temperature=0)
     assert reply.choices[0].finish_reason == "tool_calls"
+
+
+FREE = {"type": "object", "properties": {"query": {"type": "string", "maxLength": 20},
+                                         "metadata": {"type": "object", "additionalProperties": True},
+                                         "tags": {"type": "array", "items": {}}},
+        "required": ["query", "metadata"], "additionalProperties": False}
+
+
+def test_free_form_parameters_are_written_by_the_json_automaton(client, server_url):
+    """A free-form object parameter compiles as a small unit (no regex expansion), the call is
+    valid, streamed equal to non-streamed; the same schema as response_format gives valid JSON."""
+    before = grammar_counters(server_url)
+    tools = [{"type": "function", "function": {"name": f"search_{uuid.uuid4().hex[:6]}", "parameters": FREE}}]
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Search for cats, with metadata."}],
+                  tools=tools, tool_choice="required", max_tokens=40, temperature=0)
+    reply = client.chat.completions.create(**kwargs)
+    call = reply.choices[0].message.tool_calls[0]
+    jsonschema.validate(json.loads(call.function.arguments), FREE)
+    assert misses(grammar_counters(server_url)) == misses(before) + 1
+    _, calls, finish = streamed(client, **kwargs)
+    assert (calls[0][1], calls[0][2]) == (call.function.name, call.function.arguments)
+    assert finish == reply.choices[0].finish_reason
+    for schema in (FREE, {}):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Describe a cat in JSON."}], max_tokens=30,
+            temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        assert reply.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
