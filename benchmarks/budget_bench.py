@@ -33,6 +33,7 @@ import torch
 
 from grammars import GrammarError
 from grammars.compile_worker import CompileWorker
+from grammars.free_values import mark_free_values
 from server import chat
 from server.errors import APIError
 from server.protocol import ChatCompletionRequest
@@ -62,6 +63,7 @@ async def minimum(state: ServerState, functions: dict, task: str) -> tuple[int, 
     """Shortest valid output (the constraint's min_tokens()), the prompt ids, and whether the 400 for
     max_tokens=1 states that same minimum. Raises APIError where maskd refuses the schema."""
     prepared = await chat.prepare(state, request(state, functions, task, None))
+    await prepared.settle()  # the tool units compiled and attached (nothing is submitted)
     least = prepared.request.constraint.min_tokens()
     try:
         await chat.complete(state, request(state, functions, task, 1))
@@ -261,9 +263,14 @@ def main() -> None:
     parser.add_argument("--stream-all", action="store_true",
                         help="stream the tools task at every slack (default: at the smallest slack only)")
     parser.add_argument("--no-peers", action="store_true", help="maskd only (no xgrammar, no outlines)")
+    parser.add_argument("--free-only", action="store_true",
+                        help="only schemas with free-form values ({}, {type: object}, arrays without items: 100 of BFCL)")
     args = parser.parse_args()
     slacks = [int(s) for s in args.slacks.split(",")]
-    rows = [json.loads(line) for line in gzip.open(DATA, "rt")][::args.stride][:args.limit]
+    rows = [json.loads(line) for line in gzip.open(DATA, "rt")]
+    if args.free_only:
+        rows = [r for r in rows if "maskdfree" in json.dumps(mark_free_values(r["schema"])[0])]
+    rows = rows[::args.stride][:args.limit]
     state = load_state()
     peers = None if args.no_peers else Peers(state)
     try:

@@ -117,7 +117,7 @@ def run_model(model: str, sizes: list[int], max_tokens: int) -> dict:
                    "compile_seconds": spent, "valid": [valid(reply_cold, tools), valid(reply_warm, tools)],
                    "errors": [r.get("error") for r in (reply_cold, reply_warm) if "error" in r]}
             if n == 25:
-                changed = tools[:12] + [pool[start]] + tools[13:]
+                changed = tools[:12] + [pool[-1]] + tools[13:]  # a tool no group uses
                 before = misses(url)
                 changed_s, reply = call(url, model, changed, f"You are agent {n}-C.", max_tokens)
                 row.update(changed_one_compiled=misses(url) - before, changed_s=changed_s,
