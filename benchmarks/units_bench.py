@@ -167,7 +167,11 @@ def main() -> None:
         print(f"{result['model']:24} json_object: first {j['first_s']:.2f} s, second {j['second_s']:.2f} s, "
               f"automaton load {j['automaton_load_s'] * 1000:.0f} ms at startup, valid {j['valid']}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "units_bench.json").write_text(json.dumps(results, indent=2))
+    path = RESULTS / "units_bench.json"
+    ran = {r["model"] for r in results}
+    earlier = [r for r in json.loads(path.read_text()) if r["model"] not in ran] if path.exists() else []
+    results = earlier + results  # the other models' latest runs stay in the file and the plot
+    path.write_text(json.dumps(results, indent=2))
     plot(results, RESULTS / "units_bench.png")
     print(f"wrote {RESULTS / 'units_bench.json'} and units_bench.png")
 
