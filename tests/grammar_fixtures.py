@@ -148,3 +148,11 @@ def decode_within(constraint, budget, rng, favour, size=49152):
         constraint.advance(token)
         ids.append(token)
     return ids
+
+
+def allowed(matcher, size=SMOLLM2_VOCAB_SIZE) -> set[int]:
+    """The token ids ``matcher.fill(row)`` allows (no budget)."""
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    matcher.fill(row)
+    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
+    return set(torch.nonzero(bits.flatten()[:size]).flatten().tolist())

@@ -6,9 +6,8 @@ import random
 
 import jsonschema
 import pytest
-import torch
 
-from grammar_fixtures import decode_within, shared_compiler, smollm2_tokenizer, smollm2_vocabulary
+from grammar_fixtures import allowed, decode_within, shared_compiler, smollm2_tokenizer, smollm2_vocabulary
 from grammars import schema_to_regex
 from grammars.free_values import HOLE_REGEX
 from grammars.hole_matcher import HoleMatcher
@@ -23,12 +22,6 @@ SCHEMA = {"type": "object", "properties": {
     "limit": {"type": "integer"}}, "required": ["query", "metadata"], "additionalProperties": False}
 ANY = {}
 
-
-def allowed(matcher, size=49152):
-    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
-    matcher.fill(row)
-    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
-    return set(torch.nonzero(bits.flatten()[:size]).flatten().tolist())
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,8 @@ import random
 
 import jsonschema
 import pytest
-import torch
 
-from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
+from grammar_fixtures import allowed, shared_compiler, smollm2_tokenizer, smollm2_vocabulary
 from grammars import schema_to_regex
 from grammars.tool_formats import get_tool_format
 from grammars.tool_formats.call_regex import call_alternatives
@@ -25,12 +24,6 @@ TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}}
          for name, schema in (("get_weather", WEATHER), ("get_weekday", NOTE), ("add", ADD))]
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 
-
-def allowed(matcher, size=49152):
-    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
-    matcher.fill(row)
-    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
-    return set(torch.nonzero(bits.flatten()[:size]).flatten().tolist())
 
 
 @pytest.fixture(scope="module")
