@@ -73,15 +73,28 @@ class CompiledGrammar:
         for free-form values, filled by the vocabulary's JSON-value automaton)."""
         from grammars.matcher import Matcher
 
-        if HOLE_REGEX not in self.regex:
+        if not self.has_holes:
             return Matcher(self, max_rollback=max_rollback)
         from grammars.hole_matcher import HoleMatcher
-        from grammars.hole_tables import HoleTables
-        from grammars.json_value import json_value_automaton
 
+        return HoleMatcher(self, self.hole_tables(), max_rollback=max_rollback)
+
+    @property
+    def has_holes(self) -> bool:
+        """Whether the regex has free-value holes (grammars/free_values.py)."""
+        return HOLE_REGEX in self.regex
+
+    def hole_tables(self):
+        """The grammar's HoleTables, made and prepared once (GrammarCompiler does it in the compile
+        thread, so a request's first tokens do not pay for it)."""
         if not self._holes:
-            self._holes.append(HoleTables(self, json_value_automaton(self.vocabulary)))
-        return HoleMatcher(self, self._holes[0], max_rollback=max_rollback)
+            from grammars.hole_tables import HoleTables
+            from grammars.json_value import json_value_automaton
+
+            tables = HoleTables(self, json_value_automaton(self.vocabulary))
+            tables.prepare(self.budget.keys.tolist())
+            self._holes.append(tables)
+        return self._holes[0]
 
     @property
     def initial_state(self) -> int:

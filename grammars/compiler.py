@@ -101,6 +101,9 @@ class GrammarCompiler:
                 self.stats["disk_hits"] += 1
             index, budget = built
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
+            if grammar.has_holes:  # the free values' tables, here rather than at the first token
+                self.json_automaton()
+                grammar.hole_tables()
             self._memory_put(key, grammar)
             return grammar
 

@@ -22,13 +22,14 @@ import torch
 
 from grammars.errors import GrammarError
 from grammars.free_values import HOLE
-from grammars.json_value_lexer import AFTER, VALUE, scan
+from grammars.json_value_lexer import AFTER, COMPLETE, FIRST_BYTES, S_BASE, VALUE, scan
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.sparse_mask import SparseMask, sparse_mask
 
 _DONE = (AFTER, ())  # scan's state once a top-level value is complete
 HOLE_BYTE = HOLE.encode()[0]
 _EXIT_DEPTH = 4  # a token may leave a value from at most this many open containers
+_NEAR = 16  # a token may walk this many unit bytes into a hole
 
 
 class _BytesView(NamedTuple):
@@ -36,8 +37,10 @@ class _BytesView(NamedTuple):
     sentinel_ids: list[int]  # every token that starts with HOLE (never offered)
     byte_ids: dict[int, int]  # byte -> a one-byte token of it
     longest: int  # bytes of the longest token
-    leaving: np.ndarray  # int64 ids of the tokens holding `,`, `}` or `]`
-    entering: np.ndarray  # int64 ids of the tokens holding `:`, `,` or `[`
+    leaving: dict[int, list[int]]  # first byte -> ids of the tokens holding `,`, `}` or `]`
+    entering: dict[int, list[int]]  # first byte -> ids of the tokens holding `:`, `,` or `[`
+    closers: dict[int, int]  # token -> how many `}` and `]` it holds (of the leaving tokens)
+    quotes: dict[int, int]  # token -> how many `"` it holds (of the leaving tokens)
 
 
 _VIEWS: dict[str, _BytesView] = {}
@@ -59,9 +62,19 @@ def _bytes_view(vocabulary) -> _BytesView:
         view = _VIEWS.setdefault(vocabulary.fingerprint, _BytesView(
             sentinel, [t for t, b in pieces.items() if b.startswith(HOLE.encode())], byte_ids,
             max(len(piece) for piece in pieces.values()),
-            np.array([t for t, p in pieces.items() if b"," in p or b"}" in p or b"]" in p], dtype=np.int64),
-            np.array([t for t, p in pieces.items() if b":" in p or b"," in p or b"[" in p], dtype=np.int64)))
+            _by_first_byte(pieces, lambda p: b"," in p or b"}" in p or b"]" in p),
+            _by_first_byte(pieces, lambda p: b":" in p or b"," in p or b"[" in p),
+            {t: p.count(b"}") + p.count(b"]") for t, p in pieces.items() if b"," in p or b"}" in p or b"]" in p},
+            {t: p.count(b'"') for t, p in pieces.items() if b"," in p or b"}" in p or b"]" in p}))
     return view
+
+
+def _by_first_byte(pieces: dict[int, bytes], keep) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for token, piece in pieces.items():
+        if keep(piece):
+            out.setdefault(piece[0], []).append(token)
+    return out
 
 
 class HoleTables:
@@ -74,9 +87,12 @@ class HoleTables:
         self.sentinel, self.sentinel_ids, self.byte_ids = view.sentinel, view.sentinel_ids, view.byte_ids
         self.longest, self.candidates, self.entry_candidates = view.longest, view.leaving, view.entering
         self.token_bytes = vocabulary.token_bytes
+        self.closers, self.quotes = view.closers, view.quotes
         self.width = grammar.width
         self.size = vocabulary.size
         self._memo: dict[tuple, object] = {}  # idempotent entries: a race computes one twice
+        self._edges: dict[int, dict[int, int]] = {}  # unit state -> {byte: next state}
+        self._near: set[int] = set()  # unit states within _NEAR bytes of a hole
 
     # -- the unit's side ------------------------------------------------------------------------------
     def hole_after(self, state: int) -> int | None:
@@ -86,22 +102,26 @@ class HoleTables:
     def is_hole(self, state: int) -> bool:
         return self.hole_after(state) is not None
 
+    def prepare(self, states) -> None:
+        """Once per grammar, off the decoding path (the compile thread calls it): the one-byte edges of
+        every unit state, which states lie within _NEAR bytes of a hole, and their entering tokens."""
+        edges = {state: {b: n for b, t in self.byte_ids.items()
+                         if b != HOLE_BYTE and (n := self.index.get_next_state(state, t)) is not None}
+                 for state in states}
+        near = {state for state in states if self.is_hole(state)}
+        frontier = set(near)
+        for _ in range(_NEAR):
+            frontier = {s for s in states if s not in near and any(n in frontier for n in edges[s].values())}
+            if not frontier:
+                break
+            near |= frontier
+        self._edges, self._near = edges, near
+        for state in near:
+            self.unit_mask(state)
+
     def near_hole(self, state: int) -> bool:
-        """Whether a hole is at most one token's length of bytes away from ``state``."""
-        key = ("near", state)
-        if key not in self._memo:
-            frontier, seen, near = {state}, {state}, False
-            for _ in range(self.longest):
-                if any(self.is_hole(s) for s in frontier):
-                    near = True
-                    break
-                frontier = {n for s in frontier for b, t in self.byte_ids.items() if b != HOLE_BYTE
-                            and (n := self.index.get_next_state(s, t)) is not None and n not in seen}
-                if not frontier:
-                    break
-                seen |= frontier
-            self._memo[key] = near
-        return self._memo[key]
+        """Whether a hole is at most _NEAR bytes away from ``state``."""
+        return state in self._near
 
     def unit_mask(self, state: int) -> tuple[torch.Tensor, SparseMask | None] | None:
         """(row, sparse) at a unit state from which a value can be entered within one token; None
@@ -122,9 +142,10 @@ class HoleTables:
         key = ("enter", state)
         if key not in self._memo:
             out, worst = [], 0
-            candidates = self.entry_candidates.tolist()
-            if self.is_hole(state):
-                candidates += self.candidates.tolist()
+            firsts = set(self._edges.get(state, ()))
+            candidates = [t for b in firsts for t in self.entry_candidates.get(b, ())]
+            if self.is_hole(state):  # a whole value and more: any first byte that may start a value
+                candidates += [t for b in FIRST_BYTES[VALUE] for t in self.candidates.get(b, ())]
             for token in candidates:
                 found = self.run(state, None, -1, self.token_bytes[token])
                 if found is not None and (found[1][0] == "value" or self.sentinel in found[0]):
@@ -194,7 +215,12 @@ class HoleTables:
         key = ("leave", value_state, hole)
         if key not in self._memo:
             out, worst = [], 0
-            for token in self.candidates.tolist():
+            q, depth = value_state[0], len(value_state[1])
+            firsts = set(FIRST_BYTES[q]) | (set(self._edges.get(self.hole_after(hole), ())) if q in COMPLETE else set())
+            closers = self.closers  # a token leaving from `depth` open containers closes each of them
+            need = 1 if q >= S_BASE else 0  # in a string (or a key) it closes that too
+            for token in [t for b in firsts for t in self.candidates.get(b, ()) if closers[t] >= depth
+                          and self.quotes.get(t, 0) >= need]:
                 found = self.run(-1, value_state, hole, self.token_bytes[token])
                 if found is not None and found[0]:
                     out.append(token)
