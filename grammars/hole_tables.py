@@ -108,10 +108,14 @@ class HoleTables:
         edges = {state: {b: n for b, t in self.byte_ids.items()
                          if b != HOLE_BYTE and (n := self.index.get_next_state(state, t)) is not None}
                  for state in states}
+        into: dict[int, set[int]] = {}  # state -> the states with a one-byte edge into it
+        for state, out in edges.items():
+            for following in out.values():
+                into.setdefault(following, set()).add(state)
         near = {state for state in states if self.is_hole(state)}
         frontier = set(near)
-        for _ in range(_NEAR):
-            frontier = {s for s in states if s not in near and any(n in frontier for n in edges[s].values())}
+        for _ in range(_NEAR):  # backwards from the holes, one byte at a time
+            frontier = {s for n in frontier for s in into.get(n, ()) if s not in near}
             if not frontier:
                 break
             near |= frontier
