@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from grammars.errors import GrammarError
+from grammars.hole_tables import value_at
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.matcher import Matcher
 from grammars.sparse_mask import SparseMask
@@ -164,7 +165,7 @@ class HoleMatcher:
         steps, end = found
         for step in steps:
             self.unit.advance(step)
-        self.value, self.hole = (None, -1) if end[0] == "unit" else (_value_at(tables, *end[2]), end[1])
+        self.value, self.hole = (None, -1) if end[0] == "unit" else (value_at(tables, *end[2]), end[1])
         self._history.append((len(steps), value, hole, False))
 
     def rollback(self, n: int) -> None:
@@ -217,13 +218,6 @@ class HoleMatcher:
 
     def free_text(self) -> bool:
         return False
-
-
-def _value_at(tables, q: int, stack: tuple[int, ...]) -> JsonValueMatcher:
-    """A JsonValueMatcher in the state scan() reached: lexical state ``q``, containers ``stack``."""
-    value = JsonValueMatcher(tables.automaton, top="value")
-    value.place(q, tables.frame(stack))
-    return value
 
 
 def _bit(position: int) -> int:

@@ -22,7 +22,8 @@ import torch
 
 from grammars.errors import GrammarError
 from grammars.free_values import HOLE
-from grammars.json_value_lexer import AFTER, COMPLETE, FIRST_BYTES, S_BASE, VALUE, scan
+from grammars.json_value_lexer import (AFTER, ARRAY, COMPLETE, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT,
+                                       N_ZERO, OBJECT, S_BASE, S_BODY, VALUE, scan)
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.sparse_mask import SparseMask, sparse_mask
 
@@ -30,6 +31,8 @@ _DONE = (AFTER, ())  # scan's state once a top-level value is complete
 HOLE_BYTE = HOLE.encode()[0]
 _EXIT_DEPTH = 4  # a token may leave a value from at most this many open containers
 _NEAR = 16  # a token may walk this many unit bytes into a hole
+# lexical states where a value (or its innermost container's item) often ends: their masks are made with the grammar
+_ENDINGS = (AFTER, N_ZERO, N_INT, N_FRAC, N_EXP_DIGITS, S_BODY, L_E, L_L)
 
 
 class _BytesView(NamedTuple):
@@ -122,6 +125,10 @@ class HoleTables:
         self._edges, self._near = edges, near
         for state in near:
             self.unit_mask(state)
+        for hole in (state for state in states if self.is_hole(state)):  # where values most often end
+            for q in _ENDINGS:
+                for stack in ((), (OBJECT,), (ARRAY,)):
+                    self.value_mask(value_at(self, q, stack), hole)
 
     def near_hole(self, state: int) -> bool:
         """Whether a hole is at most _NEAR bytes away from ``state``."""
@@ -276,3 +283,10 @@ def _bits(row: torch.Tensor, size: int) -> list[int]:
     words = row.numpy().view(np.uint32)
     bits = np.unpackbits(words.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little").reshape(-1)[:size]
     return np.flatnonzero(bits).tolist()
+
+
+def value_at(tables: HoleTables, q: int, stack: tuple[int, ...]) -> JsonValueMatcher:
+    """A JsonValueMatcher in lexical state ``q`` with the open containers ``stack`` (outermost first)."""
+    value = JsonValueMatcher(tables.automaton, top="value")
+    value.place(q, tables.frame(stack))
+    return value
