@@ -1,0 +1,58 @@
+"""The tiny random-weight Llama and the helpers the engine tests share (test_engine.py, test_engine_outputs.py)."""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from engine.engine import Engine
+from engine.sequence import Request
+
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def engine(tiny_model, smollm_tokenizer):
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), context_length=512)
+    eng.start()
+    yield eng
+    eng.shutdown()
+
+
+def run(engine, request):
+    async def collect():
+        return [event async for event in engine.generate(request)]
+    return asyncio.run(collect())
+
+
+def prompt(tokenizer, text="The quick brown fox"):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def only_tokens(allowed, seen_shapes=None):
+    """A logits hook that masks every token but ``allowed``, as a constraint does."""
+    def hook(logits, seqs):  # logits [B, V]
+        if seen_shapes is not None:
+            seen_shapes.append(tuple(logits.shape))
+        keep = logits[:, allowed].clone()
+        logits.fill_(float("-inf"))
+        logits[:, allowed] = keep
+    return hook
+
+
+def run_hooked(tiny_model, tokenizer, hook, params):
+    eng = Engine(tiny_model, tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=[hook])
+    eng.start()
+    try:
+        return run(eng, Request(prompt_ids=prompt(tokenizer), params=params))
+    finally:
+        eng.shutdown()
