@@ -15,6 +15,7 @@ import torch
 
 from engine.metrics import EngineMetrics
 from engine.model_runner import ModelRunner
+from engine.penalties import apply_penalties
 from engine.radix_cache import RadixCache
 from engine.sampling import apply_logit_bias, sample
 from engine.scheduler import QueueFull, Scheduler
@@ -182,6 +183,7 @@ class Engine:
             seq.tokens_left = min(seq.params.max_tokens - len(seq.output_ids),
                                   self.context_length - seq.num_tokens)
         apply_logit_bias(logits, seqs)
+        apply_penalties(logits, seqs)  # before the hooks: a masked token stays masked
         for hook in self.logits_hooks:
             hook(logits, seqs)
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
@@ -208,6 +210,8 @@ class Engine:
         """Appends one token and reports it; False once the request has finished."""
         seq.output_ids.append(token)
         seq.next_input.append(token)
+        if seq.penalties is not None:
+            seq.penalties.add(token)
         if seq.constraint is not None:
             seq.constraint.advance(token)
         text, reason = "", None

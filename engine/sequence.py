@@ -10,6 +10,7 @@ from typing import Callable, Protocol
 import torch
 
 from engine.detokenizer import Detokenizer, StopStrings
+from engine.penalties import make_penalties
 from engine.sampling import SamplingParams
 
 _ids = itertools.count()
@@ -83,6 +84,7 @@ class Sequence:
         self.prefix_node = None  # the prefix cache node this request locks (engine.radix_cache.RadixNode)
         self.tokens_left = request.params.max_tokens  # set by the engine before each step's masks
         self.bias = None  # (ids, values) tensors of params.logit_bias, made on first use (sampling.py)
+        self.penalties = make_penalties(request.params)  # None without presence/frequency penalties
         self.first_token_at: float | None = None
         self.cancelled = False
         self.finish_reason: str | None = None

@@ -47,3 +47,27 @@ def test_masked_tokens_are_never_sampled():
     logits[::2] = float("-inf")
     draws = _draws(SamplingParams(temperature=1.5, seed=5), logits, n=300)
     assert all(token % 2 == 1 for token in draws)
+
+
+def test_penalties_subtract_frequency_times_count_plus_presence():
+    from engine.penalties import TokenPenalties
+    penalties = TokenPenalties(presence=0.5, frequency=0.25)
+    for token in [3, 3, 7, 3]:
+        penalties.add(token)
+    logits = torch.zeros(2, 10)
+    penalties.apply(logits[1])
+    expected = torch.zeros(10)
+    expected[3], expected[7] = -(0.25 * 3 + 0.5), -(0.25 * 1 + 0.5)
+    assert torch.equal(logits[1], expected) and torch.equal(logits[0], torch.zeros(10))
+    penalties.add(7)  # counted incrementally: only token 7's entry changes
+    logits = torch.full((10,), float("-inf"))
+    logits[7] = 2.0
+    penalties.apply(logits)
+    assert logits[7] == 2.0 - (0.25 * 2 + 0.5) and logits[3] == float("-inf")  # a masked token stays masked
+
+
+def test_no_penalties_no_state():
+    from engine.penalties import make_penalties
+    assert make_penalties(SamplingParams()) is None
+    assert make_penalties(SamplingParams(presence_penalty=0.1)) is not None
+    assert make_penalties(SamplingParams(frequency_penalty=-0.1)) is not None
