@@ -13,6 +13,7 @@ from typing import AsyncIterator, Callable
 
 import torch
 
+from engine.logprobs import TokenLogprob, forced_logprob, step_logprobs
 from engine.metrics import EngineMetrics
 from engine.model_runner import ModelRunner
 from engine.penalties import apply_penalties
@@ -187,26 +188,29 @@ class Engine:
         for hook in self.logits_hooks:
             hook(logits, seqs)
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        for seq, token in zip(seqs, tokens):
+        logprobs = step_logprobs(logits, seqs, tokens) or [None] * len(seqs)  # of the masked logits
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
             try:
-                self._append(seq, token)
+                self._append(seq, token, logprob)
             except Exception as exc:  # e.g. a constraint that refuses its token: that request alone fails
                 log.exception("request %s failed", seq.request.request_id)
                 self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
 
-    def _append(self, seq: Sequence, token: int) -> None:
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
         """Appends the sampled token, then any tokens the constraint forces (jump-forward)."""
-        if not self._append_one(seq, token):
+        if not self._append_one(seq, token, logprob):
             return
+        k = seq.params.logprobs
         while seq.constraint is not None:
             forced = seq.constraint.forced()
             if not forced:
                 return
             for forced_token in forced:
-                if not self._append_one(seq, forced_token):
+                certain = forced_logprob(forced_token, k) if k is not None else None
+                if not self._append_one(seq, forced_token, certain):
                     return
 
-    def _append_one(self, seq: Sequence, token: int) -> bool:
+    def _append_one(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> bool:
         """Appends one token and reports it; False once the request has finished."""
         seq.output_ids.append(token)
         seq.next_input.append(token)
@@ -229,17 +233,18 @@ class Engine:
             elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.context_length:
                 closed = seq.constraint is not None and seq.constraint.closed()
                 reason = "stop" if closed else "length"  # a structure closed by the budget is not cut
+        logprobs = [logprob] if logprob is not None else None
         if reason is None:
-            seq.request.emit(seq.event([token], text))
+            seq.request.emit(seq.event([token], text, logprobs=logprobs))
             return True
         text += seq.stops.flush()  # held text that turned out to start no stop string
-        self._finish(seq, reason, token_ids=[token], text=text)
+        self._finish(seq, reason, token_ids=[token], text=text, logprobs=logprobs)
         return False
 
     def _finish(self, seq: Sequence, reason: str, token_ids: list[int] | None = None,
-                text: str = "", error: str | None = None) -> None:
+                text: str = "", error: str | None = None, logprobs: list[TokenLogprob] | None = None) -> None:
         seq.finish_reason = reason
         self._by_id.pop(seq.request.request_id, None)
         self.scheduler.release(seq, keep_kv=reason != "error")
         self.metrics.finished(seq, reason)
-        seq.request.emit(seq.event(token_ids or [], text, error=error))
+        seq.request.emit(seq.event(token_ids or [], text, error=error, logprobs=logprobs))

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.logprobs import MAX_TOP_LOGPROBS
+
 
 @dataclass
 class SamplingParams:
@@ -21,6 +23,12 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     presence_penalty: float = 0.0  # subtracted from the logit of every token already in the output
     frequency_penalty: float = 0.0  # times the token's count in the output, subtracted (penalties.py)
+    logprobs: int | None = None  # None: off; 0: the chosen token's; k: also the top k (logprobs.py)
+
+    def __post_init__(self):
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS} (or None for none); "
+                             f"got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Callable, Protocol
 import torch
 
 from engine.detokenizer import Detokenizer, StopStrings
+from engine.logprobs import TokenLogprob
 from engine.penalties import make_penalties
 from engine.sampling import SamplingParams
 
@@ -52,6 +53,7 @@ class Event:
     cached_tokens: int = 0
     error: str | None = None
     budget_forced: bool = False  # the token budget narrowed the constraint's masks (see Constraint)
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when params.logprobs is set
 
 
 @dataclass
@@ -93,9 +95,15 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.request.prompt_ids) + len(self.output_ids)
 
-    def event(self, token_ids: list[int], text: str, error: str | None = None) -> Event:
+    def event(self, token_ids: list[int], text: str, error: str | None = None,
+              logprobs: list[TokenLogprob] | None = None) -> Event:
+        """logprobs: one per token id, None when the request asked for none (an event without tokens
+        of a request that asked gets an empty list)."""
+        if logprobs is None and self.params.logprobs is not None and not token_ids:
+            logprobs = []
         return Event(
             token_ids=token_ids, text=text, finish_reason=self.finish_reason,
             prompt_tokens=len(self.request.prompt_ids), completion_tokens=len(self.output_ids),
             cached_tokens=self.cached_tokens, error=error,
-            budget_forced=bool(self.constraint is not None and self.constraint.budget_forced))
+            budget_forced=bool(self.constraint is not None and self.constraint.budget_forced),
+            logprobs=logprobs)

@@ -71,3 +71,44 @@ def test_no_penalties_no_state():
     assert make_penalties(SamplingParams()) is None
     assert make_penalties(SamplingParams(presence_penalty=0.1)) is not None
     assert make_penalties(SamplingParams(frequency_penalty=-0.1)) is not None
+
+
+def test_logprobs_out_of_range_is_refused_with_the_range():
+    import pytest
+    with pytest.raises(ValueError, match="between 0 and 20"):
+        SamplingParams(logprobs=21)
+    with pytest.raises(ValueError, match="between 0 and 20"):
+        SamplingParams(logprobs=-1)
+
+
+class _Row:
+    def __init__(self, logprobs):
+        self.params = SamplingParams(logprobs=logprobs)
+
+
+def test_step_logprobs_batched_over_the_rows_that_asked():
+    from engine.logprobs import step_logprobs
+    logits = torch.stack([_logits(1, 50), _logits(2, 50), _logits(3, 50), _logits(4, 50)])  # [4, 50]
+    logits[2, 10:] = float("-inf")  # a tight mask: 10 tokens left
+    rows = [_Row(3), _Row(None), _Row(20), _Row(0)]
+    tokens = [5, 6, 7, 8]
+    out = step_logprobs(logits, rows, tokens)
+    assert out[1] is None
+    for row in (0, 2, 3):
+        reference = torch.log_softmax(logits[row], dim=-1)
+        assert out[row].token_id == tokens[row]
+        assert abs(out[row].logprob - reference[tokens[row]].item()) < 1e-6
+        for token, logprob in out[row].top:
+            assert abs(logprob - reference[token].item()) < 1e-6
+        logprobs = [lp for _, lp in out[row].top]
+        assert logprobs == sorted(logprobs, reverse=True)
+    assert [t for t, _ in out[0].top] == torch.topk(logits[0], 3).indices.tolist()
+    assert len(out[2].top) == 10 and all(t < 10 for t, _ in out[2].top)  # masked tokens never listed
+    assert out[3].top == []
+    assert step_logprobs(logits, [_Row(None)] * 4, tokens) is None
+
+
+def test_forced_logprob_is_certain():
+    from engine.logprobs import TokenLogprob, forced_logprob
+    assert forced_logprob(9, 2) == TokenLogprob(9, 0.0, [(9, 0.0)])
+    assert forced_logprob(9, 0) == TokenLogprob(9, 0.0, [])
