@@ -37,16 +37,20 @@ class StopStrings:
     def __init__(self, stops: list[str]):
         self._stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the text, once one has
 
     def feed(self, delta: str) -> tuple[str, bool]:
-        """Returns (text safe to emit, stopped)."""
+        """Returns (text safe to emit, stopped). On a stop, ``matched`` is the stop found earliest in
+        the text (of two starting at the same place, the first listed)."""
         if not self._stops:
             return delta, False
         text = self._held + delta
-        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, n) for n, i in enumerate(text.find(s) for s in self._stops) if i >= 0]
         if hits:
+            start, n = min(hits)
             self._held = ""
-            return text[:min(hits)], True
+            self.matched = self._stops[n]
+            return text[:start], True
         keep = 0
         for stop in self._stops:  # longest suffix of text that is a proper prefix of a stop
             for n in range(min(len(stop) - 1, len(text)), keep, -1):

@@ -224,7 +224,8 @@ class Engine:
             reason = "stop"
         elif free:
             text, stopped = seq.stops.feed(seq.detokenizer.add(token))
-            reason = "stop" if stopped else None
+            if stopped:
+                reason, seq.stop_string = "stop", seq.stops.matched
         else:
             text = seq.stops.flush() + seq.detokenizer.add(token)  # held text began no stop after all
         if reason is None:

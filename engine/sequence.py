@@ -54,6 +54,7 @@ class Event:
     error: str | None = None
     budget_forced: bool = False  # the token budget narrowed the constraint's masks (see Constraint)
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when params.logprobs is set
+    stop_string: str | None = None  # on the last event: the entry of params.stop that ended the text
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Sequence:
         self.tokens_left = request.params.max_tokens  # set by the engine before each step's masks
         self.bias = None  # (ids, values) tensors of params.logit_bias, made on first use (sampling.py)
         self.penalties = make_penalties(request.params)  # None without presence/frequency penalties
+        self.stop_string: str | None = None  # the stop string that ended the request, if one did
         self.first_token_at: float | None = None
         self.cancelled = False
         self.finish_reason: str | None = None
@@ -106,4 +108,4 @@ class Sequence:
             prompt_tokens=len(self.request.prompt_ids), completion_tokens=len(self.output_ids),
             cached_tokens=self.cached_tokens, error=error,
             budget_forced=bool(self.constraint is not None and self.constraint.budget_forced),
-            logprobs=logprobs)
+            logprobs=logprobs, stop_string=self.stop_string)

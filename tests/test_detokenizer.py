@@ -28,3 +28,12 @@ def test_held_text_is_released_when_no_stop_follows():
     text, stopped = stops.feed("abc ST")
     assert (text, stopped) == ("abc ", False)
     assert stops.flush() == "ST"
+
+
+def test_the_matched_stop_is_the_earliest_then_the_first_listed():
+    stops = StopStrings(["later", "ab", "abc"])
+    assert stops.matched is None
+    assert stops.feed("x abc later") == ("x ", True) and stops.matched == "ab"  # same start: first listed
+    stops = StopStrings(["later", "abc"])
+    assert stops.feed("x ab") == ("x ", False) and stops.matched is None
+    assert stops.feed("c later") == ("", True) and stops.matched == "abc"  # earliest in the text

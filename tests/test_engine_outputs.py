@@ -1,4 +1,4 @@
-"""What the engine reports beside the tokens (logprobs) and the
+"""What the engine reports beside the tokens (logprobs, the stop string that ended a request) and the
 presence / frequency penalties, on the tiny random-weight Llama of engine_fixtures."""
 
 import asyncio
@@ -150,3 +150,29 @@ def test_forced_tokens_have_logprob_zero(tiny_model, smollm_tokenizer):
     assert [lp.token_id for lp in lps] == [t for e in events for t in e.token_ids] and lps[1].token_id == forced
     assert lps[1] == TokenLogprob(forced, 0.0, [(forced, 0.0)])
     assert all(lp.logprob < 0 and len(lp.top) == 2 for i, lp in enumerate(lps) if i != 1)
+
+
+def test_the_stop_string_that_ended_the_request_is_reported(engine, smollm_tokenizer):
+    ids = prompt(smollm_tokenizer)
+    free = run(engine, Request(prompt_ids=ids, params=SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)))
+    text = "".join(e.text for e in free)
+    early, late = text[5:8], text[12:15]
+    assert early.strip() and late not in text[:12] and early not in text[:5]
+    events = run(engine, Request(prompt_ids=ids, params=SamplingParams(
+        max_tokens=20, temperature=0, stop=["never in this text \x00", late, early])))
+    assert events[-1].finish_reason == "stop" and events[-1].stop_string == early  # the one that matched, wherever listed
+    assert all(e.stop_string is None for e in events[:-1])
+    assert all(e.stop_string is None for e in free)
+
+
+def test_stop_token_ids_end_generation_even_with_ignore_eos(engine, smollm_tokenizer):
+    ids = prompt(smollm_tokenizer)
+    free = [t for e in run(engine, Request(prompt_ids=ids, params=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)))
+            for t in e.token_ids]
+    at = next(i for i, t in enumerate(free) if i >= 3 and t not in free[:i])
+    events = run(engine, Request(prompt_ids=ids, params=SamplingParams(
+        max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[free[at]])))
+    assert [t for e in events for t in e.token_ids] == free[:at + 1]
+    assert events[-1].finish_reason == "stop" and events[-1].completion_tokens == at + 1
+    assert "".join(e.text for e in events) == smollm_tokenizer.decode(free[:at], skip_special_tokens=True)
+    assert events[-1].stop_string is None
