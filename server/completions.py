@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 import uuid
 from typing import AsyncIterator
 
 from pydantic import BaseModel, Field, field_validator
 
-from engine.sequence import Request
 from server.chat import usage_of
-from server.errors import APIError
+from server.errors import APIError, error_body
+from server.generation import Fields, GenerationRequest, prepare, start
+from server.logprob_format import completion_logprobs
+from server.output_stream import collect, merged, steps
 from server.protocol import SamplingRequest, Usage
 from server.state import ServerState
 
@@ -19,6 +23,7 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int = Field(default=16, ge=1)
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @field_validator("echo")
     @classmethod
@@ -43,7 +48,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict | None = None
 
 
 class Completion(BaseModel):
@@ -55,46 +60,55 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
-def _request(state: ServerState, body: CompletionRequest) -> Request:
+FIELDS = Fields(messages="prompt")
+
+
+def _job(state: ServerState, body: CompletionRequest) -> GenerationRequest:
     state.require_model(body.model)
-    if isinstance(body.prompt, str):
-        ids = state.tokenizer.encode(body.prompt, add_special_tokens=True)
-    else:
-        ids = list(body.prompt)
-        if any(t < 0 or t >= state.vocabulary.size for t in ids):
-            raise APIError(f"prompt token ids must lie in [0, {state.vocabulary.size})", param="prompt")
-    room = state.context_length - len(ids)
-    if body.max_tokens > room:
-        raise APIError(f"max_tokens {body.max_tokens} + prompt {len(ids)} tokens exceed the context of "
-                       f"{state.context_length}; ask for at most {max(room, 0)}", param="max_tokens",
-                       code="context_length_exceeded")
-    return Request(prompt_ids=ids, params=body.sampling_params(body.max_tokens, state.vocabulary.size))
+    return GenerationRequest(prompt=body.prompt, sampling=body.sampling_params(body.logprobs),
+                             max_tokens=body.max_tokens, n=body.n, fields=FIELDS)
+
+
+def _reason(reason: str) -> str:
+    return "stop" if reason == "stop_sequence" else reason
 
 
 async def complete_text(state: ServerState, body: CompletionRequest) -> Completion:
-    request = _request(state, body)
-    pieces, last = [], None
-    async for last in state.engine.generate(request):
-        pieces.append(last.text)
-    if last.finish_reason == "error":
-        raise APIError(f"generation failed: {last.error}", status=500, type="server_error")
+    prepared = await prepare(state, _job(state, body))
+    generated = await start(state, prepared)
+    answers = await asyncio.gather(*(collect(steps(state, prepared, events, row))
+                                     for row, events in enumerate(generated)))
+    choices = [CompletionChoice(index=row, text=a.content, finish_reason=_reason(a.finish.reason),
+                                logprobs=completion_logprobs(state, a.logprobs, body.logprobs)
+                                if body.logprobs is not None else None) for row, a in enumerate(answers)]
     return Completion(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name,
-                      choices=[CompletionChoice(text="".join(pieces), finish_reason=last.finish_reason)],
-                      usage=usage_of(last))
+                      choices=choices, usage=usage_of([a.finish for a in answers]))
 
 
 async def stream_text(state: ServerState, body: CompletionRequest) -> AsyncIterator[str]:
-    request = _request(state, body)
+    prepared = await prepare(state, _job(state, body))
     head = dict(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=state.model_name)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    rows = [steps(state, prepared, events, row) for row, events in enumerate(await start(state, prepared))]
 
-    async def events() -> AsyncIterator[str]:
-        async for event in state.engine.generate(request):
-            if event.text or event.finish_reason:
-                choice = CompletionChoice(text=event.text, finish_reason=event.finish_reason)
+    async def payloads() -> AsyncIterator[str]:
+        finishes, offsets = [None] * len(rows), [0] * len(rows)
+        async for row, step in merged(rows):
+            if step.finish is not None and step.finish.reason == "error":
+                yield json.dumps(error_body(f"generation failed: {step.finish.error}", "server_error"))
+                break
+            text = "".join(part.text for part in step.parts)
+            logprobs = completion_logprobs(state, step.logprobs, body.logprobs, offsets[row]) \
+                if body.logprobs is not None and step.logprobs else None
+            offsets[row] += len(text)
+            if text or step.finish or logprobs:
+                choice = CompletionChoice(index=row, text=text, logprobs=logprobs,
+                                          finish_reason=_reason(step.finish.reason) if step.finish else None)
                 yield Completion(**head, choices=[choice]).model_dump_json(exclude_none=True)
-            if event.finish_reason and include_usage:
-                yield Completion(**head, choices=[], usage=usage_of(event)).model_dump_json()
+            if step.finish is not None:
+                finishes[row] = step.finish
+        if include_usage and all(finishes):
+            yield Completion(**head, choices=[], usage=usage_of(finishes)).model_dump_json()
         yield "[DONE]"
 
-    return events()
+    return payloads()

@@ -1,4 +1,4 @@
-"""Chat messages -> prompt token ids, through the model's own chat template."""
+"""Chat messages -> prompt text, through the model's own chat template."""
 
 from __future__ import annotations
 
@@ -22,12 +22,17 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict]:
     return out
 
 
-def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                template_kwargs: dict | None = None, param: str = "messages") -> str:
+    """The prompt text; template_kwargs (chat_template_kwargs) reach the template as variables."""
     if not getattr(tokenizer, "chat_template", None):
         raise APIError("this model has no chat template; set `chat_template` for it in models.yaml",
-                       param="messages", status=400)
+                       param=param, status=400)
+    reserved = {"messages", "tools", "add_generation_prompt", "tokenize", "conversation"} & set(template_kwargs or {})
+    if reserved:
+        raise APIError(f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs")
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                             **(template_kwargs or {}))
     except Exception as exc:  # jinja raises for conversations the template refuses
-        raise APIError(f"the model's chat template rejected these messages: {exc}", param="messages") from exc
-    return tokenizer.encode(text, add_special_tokens=False)
+        raise APIError(f"the model's chat template rejected these messages: {exc}", param=param) from exc

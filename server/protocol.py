@@ -7,7 +7,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.sampling import SamplingParams
-from server.errors import APIError
 
 
 class _Open(BaseModel):
@@ -80,13 +79,16 @@ class SamplingRequest(_Open):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=16)
     seed: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM's extension: these tokens end free text too
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # maskd extension, for benchmarks
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias added to its logit
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
 
     @field_validator("logit_bias")
     @classmethod
@@ -107,16 +109,14 @@ class SamplingRequest(_Open):
             raise ValueError("at most 4 stop sequences")
         return value
 
-    def sampling_params(self, max_tokens: int, vocab_size: int) -> SamplingParams:
-        """Raises APIError when a logit_bias token lies outside the vocabulary."""
-        bias = {int(key): value for key, value in (self.logit_bias or {}).items()}
-        outside = [token for token in bias if token >= vocab_size]
-        if outside:
-            raise APIError(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {vocab_size})",
-                           param="logit_bias")
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=self.seed, stop=self.stop or [], ignore_eos=self.ignore_eos,
-                              logit_bias=bias)
+    def sampling_params(self, logprobs: int | None = None) -> SamplingParams:
+        """The engine's parameters (max_tokens is set by generation.prepare)."""
+        return SamplingParams(max_tokens=0, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              seed=self.seed, stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
+                              ignore_eos=self.ignore_eos,
+                              logit_bias={int(key): value for key, value in (self.logit_bias or {}).items()},
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              logprobs=logprobs)
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -127,23 +127,9 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     logprobs: bool | None = None
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalties(cls, value):
-        if value:
-            raise ValueError("penalties are not supported by maskd yet; omit the field or send 0")
-        return value
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value):
-        if value:
-            raise ValueError("logprobs are not supported by maskd yet; omit the field or send false")
-        return value
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false} for Qwen3
 
     def output_budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -159,6 +145,7 @@ class Usage(BaseModel):
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # the model's thinking, as vLLM and DeepSeek return it
     tool_calls: list[ToolCall] | None = None
 
 
@@ -166,7 +153,7 @@ class Choice(BaseModel):
     index: int = 0
     message: ResponseMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     maskd_budget_forced: bool | None = None  # maskd: the token budget closed the output (README)
 
 
@@ -183,6 +170,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 
@@ -190,7 +178,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     maskd_budget_forced: bool | None = None  # on the last chunk of a constrained request
 
 

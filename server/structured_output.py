@@ -1,38 +1,39 @@
-"""response_format on /v1/chat/completions: json_object and json_schema become a grammar matcher."""
+"""A structured output (json_object or json_schema) becomes a grammar matcher, whichever API asked."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError, schema_to_regex
 from grammars.json_schema import UNSUPPORTED_KEYWORDS
 from server.errors import APIError
-from server.protocol import ChatCompletionRequest
 from server.state import ServerState
 
 
-async def build_format_constraint(state: ServerState, body: ChatCompletionRequest):
-    """A Matcher for the response format, or None for plain text.
+@dataclass(frozen=True)
+class OutputFormat:
+    kind: str  # json_object | json_schema
+    schema: dict | None = None
+    strict: bool | None = None
+
+
+async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields):
+    """A Matcher for the output format; `fields` (generation.Fields) names the API's fields in errors.
 
     `strict: false` on a json_schema relaxes only the keywords a regex cannot express (listed in
     grammars/json_schema.py); everything else in the schema is still enforced. Otherwise an
     unsupported keyword is a 400 that names it.
     """
-    fmt = body.response_format
-    if fmt is None or fmt.type == "text":
-        return None
-    param = "response_format"
+    if fmt.kind == "json_object":
+        return state.compiler.json_object_matcher()  # the shared automaton, built at startup
+    param = fields.format_schema
+    if fmt.schema is None:
+        raise APIError("a json_schema output format needs its schema", param=param)
     try:
-        if fmt.type == "json_object":
-            return state.compiler.json_object_matcher()  # the shared automaton, built at startup
-        else:
-            param = "response_format.json_schema.schema"
-            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-                raise APIError("response_format of type json_schema needs json_schema.schema", param=param)
-            schema = fmt.json_schema.schema_
-            ignore = UNSUPPORTED_KEYWORDS if fmt.json_schema.strict is False else ()
-            regex = await asyncio.to_thread(schema_to_regex, schema, None, ignore, True)  # free values: holes
-            grammar = await state.compiler.compile_regex_async(regex)
+        ignore = UNSUPPORTED_KEYWORDS if fmt.strict is False else ()
+        regex = await asyncio.to_thread(schema_to_regex, fmt.schema, None, ignore, True)  # free values: holes
+        grammar = await state.compiler.compile_regex_async(regex)
     except UnsupportedSchemaError as exc:
         raise APIError(str(exc), param=param, code="unsupported_schema") from exc
     except GrammarError as exc:

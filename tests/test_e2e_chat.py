@@ -71,10 +71,13 @@ def test_stop_sequence(client):
 @pytest.mark.parametrize("kwargs, status, param", [
     (dict(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0].role"),
     (dict(messages=ASK, temperature=3), 400, "temperature"),
-    (dict(messages=ASK, n=2), 400, "n"),
+    (dict(messages=ASK, n=17), 400, "n"),
     (dict(messages=[]), 400, "messages"),
     (dict(messages=ASK, max_tokens=100000), 400, "max_tokens"),
-    (dict(messages=ASK, presence_penalty=0.5), 400, "presence_penalty"),
+    (dict(messages=ASK, presence_penalty=2.5), 400, "presence_penalty"),
+    (dict(messages=ASK, top_logprobs=21, logprobs=True), 400, "top_logprobs"),
+    (dict(messages=ASK, top_logprobs=2), 400, "top_logprobs"),
+    (dict(messages=ASK, extra_body={"chat_template_kwargs": {"messages": []}}), 400, "chat_template_kwargs"),
     (dict(messages=ASK, model="gpt-4o"), 404, "model"),
     (dict(messages=ASK, logit_bias={"banana": 5}), 400, "logit_bias"),
     (dict(messages=ASK, logit_bias={"²": 5}), 400, "logit_bias"),  # a digit, but not an ASCII one

@@ -1,0 +1,174 @@
+"""The one internal request every API adapts to: validated, rendered, constrained and submitted.
+
+Chat completions, text completions, the Anthropic Messages API and the OpenAI Responses API each
+turn their body into a `GenerationRequest` (naming their own fields in `Fields`, for errors), call
+`prepare` and `start`, and turn the parts of `server/output_stream.py` into their wire format. No
+adapter holds decoding logic: a fix here reaches every API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+
+from engine.sampling import SamplingParams
+from engine.sequence import Request
+from server.errors import APIError
+from server.prompt import render_chat
+from server.reasoning import ReasoningSplitter
+from server.state import ServerState
+from server.structured_output import OutputFormat, build_format_constraint
+from server.tool_calls import PendingTools, ToolChoice, build_tool_constraint, tool_format_of
+
+
+@dataclass(frozen=True)
+class Fields:
+    """How this API names the fields an error may point at."""
+    messages: str = "messages"
+    max_tokens: str = "max_tokens"
+    tools: str = "tools"
+    tool_schema: str = "tools[{i}].function.parameters"
+    tool_choice: str = "tool_choice"
+    tool_name: str = "tool_choice.function.name"
+    format: str = "response_format"
+    format_schema: str = "response_format.json_schema.schema"
+    logit_bias: str = "logit_bias"
+
+
+@dataclass
+class GenerationRequest:
+    prompt: list[dict] | str | list[int]  # chat messages (template dicts), or raw text / token ids
+    sampling: SamplingParams  # max_tokens is set by prepare
+    max_tokens: int | None = None  # what the client asked for; None: the rest of the context
+    tools: list[dict] | None = None  # OpenAI function tools: {"type": "function", "function": {...}}
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
+    parallel_tool_calls: bool = True
+    output_format: OutputFormat | None = None
+    template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs (enable_thinking, ...)
+    n: int = 1
+    fields: Fields = field(default_factory=Fields)
+
+
+@dataclass
+class Prepared:
+    requests: list[Request]  # n engine requests for the same prompt
+    reads_tools: bool  # whether the output is read for tool calls
+    thinking_open: bool  # the prompt left a <think> block open
+    budget: int | None = None
+    room: int = 0  # context left after the prompt
+    pending: list[PendingTools] = field(default_factory=list)  # tool units still compiling, per request
+    fields: Fields = field(default_factory=Fields)
+
+    @property
+    def request(self) -> Request:
+        return self.requests[0]
+
+    @property
+    def constrained(self) -> bool:
+        return self.requests[0].constraint is not None
+
+    async def settle(self) -> None:
+        """Waits for the tool units (attaching them to each constraint) and checks the budget against
+        the shortest valid output; raises APIError (a 400) where either fails."""
+        for pending, request in zip(self.pending, self.requests):
+            await pending.wait()
+            check_budget(request.constraint, self.budget, self.room, self.fields)
+        self.pending = []
+
+    def splitter(self) -> ReasoningSplitter:
+        return ReasoningSplitter(starts_inside=self.thinking_open)
+
+
+def prompt_ids_of(state: ServerState, job: GenerationRequest) -> tuple[list[int], bool]:
+    """(prompt token ids, whether a thinking block is left open)."""
+    if isinstance(job.prompt, str):
+        return state.tokenizer.encode(job.prompt, add_special_tokens=True), False
+    if job.prompt and isinstance(job.prompt[0], int):
+        ids = list(job.prompt)
+        if any(t < 0 or t >= state.vocabulary.size for t in ids):
+            raise APIError(f"prompt token ids must lie in [0, {state.vocabulary.size})", param=job.fields.messages)
+        return ids, False
+    fmt = tool_format_of(state)
+    template = state.tokenizer.chat_template or ""
+    messages, template_tools = fmt.prepare_messages(job.prompt, job.tools, "tools" in template,
+                                                    chat_template=template)
+    text = render_chat(state.tokenizer, messages, template_tools, job.template_kwargs, job.fields.messages)
+    return state.tokenizer.encode(text, add_special_tokens=False), ReasoningSplitter.opened_in(text)
+
+
+async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
+    """Validates the request, renders the prompt and builds its constraints; raises APIError."""
+    f, choice = job.fields, job.tool_choice
+    names = [tool["function"]["name"] for tool in job.tools or []]
+    if choice.mode != "none" and not names:
+        raise APIError(f"tool_choice {choice.mode!r} needs tools; send the tools the model may call",
+                       param=f.tool_choice)
+    if choice.mode == "named" and choice.name not in names:
+        raise APIError(f"tool_choice names tool {choice.name!r}, which is not among the tools {names}",
+                       param=f.tool_name)
+    if choice.mode != "none" and job.output_format is not None:
+        raise APIError(f"{f.format} cannot be combined with tool calls; send tool_choice 'none' or drop "
+                       f"{f.format}", param=f.format)
+    prompt_ids, thinking_open = await asyncio.to_thread(prompt_ids_of, state, job)
+    room = state.context_length - len(prompt_ids)
+    if room <= 0:
+        raise APIError(f"the prompt is {len(prompt_ids)} tokens, the model's context is {state.context_length}; "
+                       "shorten it", param=f.messages, code="context_length_exceeded")
+    budget = job.max_tokens
+    if budget is not None and budget > room:
+        raise APIError(f"{f.max_tokens} {budget} + prompt {len(prompt_ids)} tokens exceed the context of "
+                       f"{state.context_length}; ask for at most {room}", param=f.max_tokens,
+                       code="context_length_exceeded")
+    bias = job.sampling.logit_bias
+    if any(token >= state.vocabulary.size or token < 0 for token in bias):
+        outside = next(t for t in bias if t >= state.vocabulary.size or t < 0)
+        raise APIError(f"{f.logit_bias}: token id {outside} is outside the vocabulary [0, {state.vocabulary.size})",
+                       param=f.logit_bias)
+    params = replace(job.sampling, max_tokens=budget or room)
+    requests, pending, keep = [], [], frozenset()
+    for row in range(job.n):  # each row has its own constraint state; compiled units are shared
+        constraint = None
+        row_params = params if params.seed is None else replace(params, seed=params.seed + row)  # n distinct rows
+        if choice.mode != "none":
+            tools_pending, keep = await build_tool_constraint(state, job.tools, choice, job.parallel_tool_calls, f)
+            pending.append(tools_pending)
+            constraint = tools_pending.constraint
+        elif job.output_format is not None:
+            constraint = await build_format_constraint(state, job.output_format, f)
+            check_budget(constraint, budget, room, f)
+        requests.append(Request(prompt_ids=prompt_ids, params=row_params, constraint=constraint,
+                                keep_special_ids=keep))
+    return Prepared(requests, reads_tools=choice.mode != "none", thinking_open=thinking_open, budget=budget,
+                    room=room, pending=pending, fields=f)
+
+
+async def start(state: ServerState, prepared: Prepared) -> list:
+    """Submits every request (prompts prefill while units compile), then waits for the units: a unit
+    that fails, or a budget below the minimum, cancels them and raises the 400. Returns each
+    request's engine event iterator."""
+    generated = []
+    try:
+        for request in prepared.requests:
+            generated.append(state.engine.generate(request))  # a full queue is a 429 here
+        await prepared.settle()
+    except BaseException:
+        for request in prepared.requests:
+            state.engine.cancel(request.request_id)
+        raise
+    state.engine.wake()
+    return generated
+
+
+def check_budget(constraint, budget: int | None, room: int, f: Fields) -> None:
+    """A budget below the constraint's shortest valid output is a 400 stating that minimum."""
+    if constraint is None:
+        return
+    minimum = constraint.min_tokens()
+    if budget is not None and budget < minimum:
+        raise APIError(f"{f.max_tokens} is {budget}, but the shortest output valid under this request's "
+                       f"tool choice / output format is {minimum} tokens; ask for at least {minimum}",
+                       param=f.max_tokens, code="budget_too_small")
+    if budget is None and room < minimum:
+        raise APIError(f"the context leaves {room} tokens after the prompt, but the shortest output valid "
+                       f"under this request's tool choice / output format is {minimum} tokens; shorten "
+                       "the messages", param=f.messages, code="context_length_exceeded")

@@ -1,0 +1,153 @@
+"""The one stream of output every API reads: engine events become reasoning, text and tool-call parts.
+
+Each engine event becomes one `Step`: its parts in output order (`Reasoning`, `Content`, and for
+each call `CallStart`, `ArgsDelta`s, `CallEnd`), its tokens' logprobs, and on the last step the
+`Finish`. Streaming adapters translate steps as they come; non-streaming ones `collect` the same
+steps, so a streamed answer and a non-streamed one for the same seed are the same by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Union
+
+from grammars.tool_formats import ArgsDelta, CallEnd, CallStart, Content
+from server.errors import APIError
+from server.generation import Prepared
+from server.state import ServerState
+from server.tool_calls import tool_format_of
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """Thinking text (the model's `<think>` block), never part of the answer or of a call."""
+    text: str
+
+
+Part = Union[Reasoning, Content, CallStart, ArgsDelta, CallEnd]
+
+
+@dataclass
+class Finish:
+    reason: str  # stop | length | tool_calls | stop_sequence | cancelled | error
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    budget_forced: bool | None = None  # set for constrained requests (README: maskd_budget_forced)
+    stop_string: str | None = None  # the stop sequence that ended the output
+    error: str | None = None
+
+
+@dataclass
+class Step:
+    parts: list[Part]
+    token_ids: list[int]
+    logprobs: list | None = None  # engine TokenLogprob per token, when asked for
+    finish: Finish | None = None
+
+
+async def steps(state: ServerState, prepared: Prepared, events, row: int = 0) -> AsyncIterator[Step]:
+    """The steps of one engine request; closing early cancels it (also before its first event)."""
+    splitter = prepared.splitter()
+    parser = tool_format_of(state).stream_parser() if prepared.reads_tools else None
+    has_calls = False
+    try:
+        async for event in events:
+            final = event.finish_reason is not None
+            reasoning, answer = splitter.feed(event.text, final=final)
+            parts: list[Part] = [Reasoning(reasoning)] if reasoning else []
+            if parser is None:
+                parts += [Content(answer)] if answer else []
+            else:
+                parsed = parser.feed(answer) if answer else []
+                parts += [p for p in parsed + (parser.close() if final else [])
+                          if not (isinstance(p, Content) and not p.text)]
+                has_calls = has_calls or any(isinstance(p, CallStart) for p in parts)
+            finish = _finish(event, has_calls, prepared.constrained) if final else None
+            yield Step(parts, list(event.token_ids), getattr(event, "logprobs", None), finish)
+    finally:
+        state.engine.cancel(prepared.requests[row].request_id)  # a no-op once it finished
+
+
+def _finish(event, has_calls: bool, constrained: bool) -> Finish:
+    reason = event.finish_reason
+    stop_string = getattr(event, "stop_string", None)
+    if reason == "stop" and has_calls:
+        reason = "tool_calls"
+    elif reason == "stop" and stop_string is not None:
+        reason = "stop_sequence"
+    return Finish(reason, event.prompt_tokens, event.completion_tokens, event.cached_tokens,
+                  event.budget_forced if constrained else None, stop_string, event.error)
+
+
+@dataclass
+class Call:
+    name: str
+    arguments: list[str] = field(default_factory=list)
+
+    @property
+    def arguments_text(self) -> str:
+        return "".join(self.arguments) or "{}"
+
+
+@dataclass
+class Collected:
+    """A whole answer: what a non-streamed response is built from."""
+    content: str
+    reasoning: str
+    calls: list[Call]
+    logprobs: list
+    finish: Finish
+
+
+async def collect(stream: AsyncIterator[Step]) -> Collected:
+    """Reads a step stream to its end; a failed generation raises a 500 APIError."""
+    content, reasoning, calls, logprobs, finish = [], [], {}, [], None
+    async for step in stream:
+        for part in step.parts:
+            if isinstance(part, Content):
+                content.append(part.text)
+            elif isinstance(part, Reasoning):
+                reasoning.append(part.text)
+            elif isinstance(part, CallStart):
+                calls[part.index] = Call(part.name)
+            elif isinstance(part, ArgsDelta):
+                calls[part.index].arguments.append(part.text)
+        logprobs += step.logprobs or []
+        finish = step.finish or finish
+    if finish.reason == "error":
+        raise APIError(f"generation failed: {finish.error}", status=500, type="server_error")
+    return Collected("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)], logprobs, finish)
+
+
+async def merged(streams: list[AsyncIterator[Step]]) -> AsyncIterator[tuple[int, Step]]:
+    """(row, step) pairs of n step streams as they come; closing it closes (cancels) every row."""
+    if len(streams) == 1:
+        try:
+            async for step in streams[0]:
+                yield 0, step
+        finally:
+            await streams[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(row: int, stream: AsyncIterator[Step]) -> None:
+        try:
+            async for step in stream:
+                await queue.put((row, step))
+        finally:
+            await queue.put((row, None))
+
+    tasks = [asyncio.create_task(pump(row, stream)) for row, stream in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            row, step = await queue.get()
+            if step is None:
+                left -= 1
+            else:
+                yield row, step
+    finally:
+        for task in tasks:
+            task.cancel()
