@@ -28,6 +28,21 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   529: "overloaded_error"}
+
+
+def shaped(request: Request, body: dict, status: int) -> JSONResponse:
+    """OpenAI's error shape, or Anthropic's ({"type": "error", "error": {"type", "message"}}) on
+    /v1/messages, whose clients read that one."""
+    if request.url.path.startswith("/v1/messages"):
+        error = body["error"]
+        body = {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, error["type"]),
+                                           "message": error["message"]}}
+    return JSONResponse(body, status_code=status)
+
+
 def _field_path(loc: tuple) -> str:
     """('body', 'messages', 0, 'role') -> 'messages[0].role'."""
     path = ""
@@ -43,29 +58,28 @@ def _field_path(loc: tuple) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def _api_error(request: Request, exc: APIError):
+        return shaped(request, exc.body(), exc.status)
 
     @app.exception_handler(QueueFull)
-    async def _queue_full(_: Request, exc: QueueFull):
-        return JSONResponse(error_body(str(exc), "rate_limit_error", None, "queue_full"), status_code=429)
+    async def _queue_full(request: Request, exc: QueueFull):
+        return shaped(request, error_body(str(exc), "rate_limit_error", None, "queue_full"), 429)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError):
         first = exc.errors()[0]
         param = _field_path(tuple(first.get("loc", ()))) or None
         message = first.get("msg", "invalid request")
         if param:
             message = f"{param}: {message}"
-        return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_value"), status_code=400)
+        return shaped(request, error_body(message, "invalid_request_error", param, "invalid_value"), 400)
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, exc: HTTPException):
+    async def _http(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        return shaped(request, error_body(str(exc.detail), kind), exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception):
+    async def _internal(request: Request, exc: Exception):
         log.exception("unhandled error")
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
-                            status_code=500)
+        return shaped(request, error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), 500)
