@@ -12,12 +12,16 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sse_starlette.sse import EventSourceResponse
 
-from server import chat, completions
+from server import chat, completions, messages, responses
+from server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from server.completions import CompletionRequest
 from server.errors import install_error_handlers
 from server.grammar_metrics import grammar_metrics_text
 from server.protocol import ChatCompletionRequest
+from server.responses import ResponseStore
+from server.responses_protocol import ResponsesRequest
 from server.state import ServerState
+from server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -27,6 +31,8 @@ def create_app(state: ServerState) -> FastAPI:
         yield
         state.engine.shutdown()
 
+    if state.responses is None:
+        state.responses = ResponseStore(1000)
     app = FastAPI(title="maskd", lifespan=lifespan)
     app.state.maskd = state
     started = int(time.time())
@@ -70,9 +76,40 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def text_completions(body: CompletionRequest):
+        state.engine.check_room()
         if not body.stream:
             return await completions.complete_text(state, body)
         return EventSourceResponse(_as_sse(await completions.stream_text(state, body)), ping=15)
+
+    @app.post("/v1/messages")
+    async def anthropic_messages(body: MessagesRequest):
+        state.engine.check_room()
+        if not body.stream:
+            return await messages.complete(state, body)
+        return EventSourceResponse(await messages.stream(state, body), ping=15)
+
+    @app.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(body: CountTokensRequest):
+        return await messages.count_tokens(state, body)
+
+    @app.post("/v1/responses")
+    async def openai_responses(body: ResponsesRequest):
+        state.engine.check_room()
+        if not body.stream:
+            return await responses.complete(state, body)
+        return EventSourceResponse(await responses.stream(state, body), ping=15)
+
+    @app.get("/v1/responses/{response_id}")
+    async def openai_response(response_id: str):
+        return responses.retrieve(state, response_id)
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest):
+        return await tokenize(state, body)
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest):
+        return await detokenize(state, body)
 
     return app
 

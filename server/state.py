@@ -17,6 +17,7 @@ class ServerState:
     engine: Engine
     compiler: object = None  # grammars.GrammarCompiler for this model's vocabulary
     vocabulary: object = None  # grammars.TokenVocabulary
+    responses: object = None  # server.responses.ResponseStore (previous_response_id)
 
     def require_model(self, name: str) -> None:
         """The request's `model` must be the one served here (a 404 naming it otherwise)."""
