@@ -71,10 +71,11 @@ class MessagesRequest(_Open):
     thinking: Thinking | None = None
     output_format: OutputFormat | None = None
     metadata: dict[str, Any] | None = None
+    seed: int | None = None  # maskd extension (as in chat completions): the same seed, the same answer
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(max_tokens=0, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              stop=list(self.stop_sequences or []))
+                              seed=self.seed, stop=list(self.stop_sequences or []))
 
     def function_tools(self) -> list[dict] | None:
         """The tools as OpenAI function tools (what the generation path takes)."""

@@ -50,9 +50,10 @@ class ResponsesRequest(_Open):
     store: bool | None = None  # kept in a bounded in-memory store unless false
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
+    seed: int | None = None  # maskd extension (as in chat completions): the same seed, the same answer
 
     def sampling_params(self) -> SamplingParams:
-        return SamplingParams(max_tokens=0, temperature=self.temperature, top_p=self.top_p)
+        return SamplingParams(max_tokens=0, temperature=self.temperature, top_p=self.top_p, seed=self.seed)
 
     def function_tools(self) -> list[dict] | None:
         out = []
