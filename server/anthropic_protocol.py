@@ -47,13 +47,17 @@ class AnthropicToolChoice(_Open):
 
 
 class Thinking(_Open):
-    type: Literal["enabled", "disabled", "adaptive"]
+    type: str  # enabled | disabled | adaptive | between_tools: all but disabled turn thinking on
     budget_tokens: int | None = None
 
 
 class OutputFormat(_Open):
     type: Literal["json_schema"]
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
+class OutputConfig(_Open):
+    format: OutputFormat | None = None  # structured outputs; `effort` is accepted and ignored
 
 
 class MessagesRequest(_Open):
@@ -69,7 +73,8 @@ class MessagesRequest(_Open):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: Thinking | None = None
-    output_format: OutputFormat | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the beta name of output_config.format
     metadata: dict[str, Any] | None = None
     seed: int | None = None  # maskd extension (as in chat completions): the same seed, the same answer
 
@@ -101,6 +106,12 @@ class MessagesRequest(_Open):
             raise APIError("tool_choice of type 'tool' needs `name`", param="tool_choice.name")
         mode = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}[choice.type]
         return ToolChoice(mode, choice.name if mode == "named" else None), not choice.disable_parallel_tool_use
+
+    def structured_output(self) -> tuple[OutputFormat | None, str]:
+        """(the format asked for, the field it came from)."""
+        if self.output_config is not None and self.output_config.format is not None:
+            return self.output_config.format, "output_config.format"
+        return self.output_format, "output_format"
 
     def template_kwargs(self) -> dict:
         if self.thinking is None:

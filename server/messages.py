@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+from dataclasses import replace
 from typing import AsyncIterator
 
 from server.anthropic_protocol import MessagesRequest
@@ -14,8 +15,7 @@ from server.output_stream import Finish, steps
 from server.state import ServerState
 from server.structured_output import OutputFormat
 
-FIELDS = Fields(tool_schema="tools[{i}].input_schema", tool_name="tool_choice.name", format="output_format",
-                format_schema="output_format.schema")
+FIELDS = Fields(tool_schema="tools[{i}].input_schema", tool_name="tool_choice.name")
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens",
                 "stop_sequence": "stop_sequence"}
 
@@ -23,13 +23,14 @@ STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tok
 def _job(state: ServerState, body: MessagesRequest, counting: bool = False) -> GenerationRequest:
     state.require_model(body.model)
     choice, parallel = body.choice()
-    output_format = None
-    if body.output_format is not None:
-        output_format = OutputFormat("json_schema", body.output_format.schema_)
+    output_format, where = body.structured_output()
+    if output_format is not None:
+        output_format = OutputFormat("json_schema", output_format.schema_)
+    fields = replace(FIELDS, format=where, format_schema=f"{where}.schema")
     return GenerationRequest(prompt=body.chat_messages(), sampling=body.sampling_params(),
                              max_tokens=None if counting else body.max_tokens, tools=body.function_tools(),
                              tool_choice=choice, parallel_tool_calls=parallel, output_format=output_format,
-                             template_kwargs=body.template_kwargs(), fields=FIELDS)
+                             template_kwargs=body.template_kwargs(), fields=fields)
 
 
 def usage(finish: Finish) -> dict:
