@@ -158,3 +158,17 @@ def test_output_config_format_gives_valid_json(claude):
                                      output_config={"format": {"type": "json_schema", "schema": WEATHER}})
     assert message.stop_reason == "end_turn"
     jsonschema.validate(json.loads(message.content[0].text), WEATHER)
+
+
+def test_claude_style_agent_example_runs_its_tools(server_url, capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "claude_style_agent.py"
+    spec = importlib.util.spec_from_file_location("claude_style_agent", path)
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    assert agent.calculate("12 * (7 + 5)") == "144" and agent.calculate("__import__('os')").startswith("error")
+    assert "examples/claude_style_agent.py" in agent.search_files("def search_files")
+    answer = agent.run("What is 12 * (7 + 5)?", server_url, max_steps=2)
+    assert "step 0: " in capsys.readouterr().out  # a real tool ran on a valid tool_use input
+    assert isinstance(answer, str)
