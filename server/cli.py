@@ -41,9 +41,11 @@ def cmd_serve(args) -> int:
     compiler = GrammarCompiler(vocabulary, cache_dir=args.grammar_cache or None, timeout_s=args.grammar_timeout,
                                lru_bytes=int(args.grammar_memory_mb * (1 << 20)), workers=args.grammar_workers)
     compiler.json_automaton()  # json_object and free-form values need it: built (or read from disk) now
+    from server.responses import ResponseStore
     state = ServerState(model_name=loaded.name, tokenizer=loaded.tokenizer,
                         context_length=loaded.context_length, tool_format=loaded.spec.tool_format,
-                        engine=engine, compiler=compiler, vocabulary=vocabulary)
+                        engine=engine, compiler=compiler, vocabulary=vocabulary,
+                        responses=ResponseStore(args.response_store))
     uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -114,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="grammar compile processes (default: one per core); a request's tools compile side by side")
     serve.add_argument("--grammar-memory-mb", type=float, default=2048,
                        help="compiled grammars kept in memory, in MB (least recently used go first)")
+    serve.add_argument("--response-store", type=int, default=1000,
+                       help="responses kept in memory for previous_response_id (0 keeps none)")
     serve.set_defaults(func=cmd_serve)
     models = sub.add_parser("models", help="list models.yaml and whether each model is on this machine")
     models.set_defaults(func=cmd_models)
