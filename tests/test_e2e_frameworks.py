@@ -147,7 +147,9 @@ def test_litellm_required_tool_call(base_url, stream):
 # --- instructor --------------------------------------------------------------------------------------
 
 def test_instructor_tools_mode_returns_the_response_model(base_url):
-    import instructor
+    # Not in the dev extra: every instructor release caps jiter<0.15, which holds openai at <=3.3.0,
+    # and openai 3.3's chat.completions.stream() refuses non-strict tools (test_e2e_tools breaks).
+    instructor = pytest.importorskip("instructor", reason="instructor is not installed (see the comment)")
     from openai import OpenAI
     from pydantic import BaseModel
 
