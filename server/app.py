@@ -9,10 +9,10 @@ import asyncio
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
-from server import chat, completions, messages, responses
+from server import chat, completions, messages, output_check, responses
 from server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from server.completions import CompletionRequest
 from server.errors import install_error_handlers
@@ -44,7 +44,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        body = state.engine.metrics.render() + grammar_metrics_text(state.compiler)
+        body = state.engine.metrics.render() + grammar_metrics_text(state.compiler) + \
+            generate_latest(output_check.REGISTRY)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/debug/integrity")

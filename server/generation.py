@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from engine.sampling import SamplingParams
 from engine.sequence import Request
 from server.errors import APIError
+from server.output_check import OutputCheck
 from server.prompt import render_chat
 from server.reasoning import ReasoningSplitter
 from server.state import ServerState
@@ -58,6 +59,7 @@ class Prepared:
     room: int = 0  # context left after the prompt
     pending: list[PendingTools] = field(default_factory=list)  # tool units still compiling, per request
     fields: Fields = field(default_factory=Fields)
+    check: OutputCheck = field(default_factory=OutputCheck)  # validates outputs before they leave
 
     @property
     def request(self) -> Request:
@@ -139,7 +141,17 @@ async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
         requests.append(Request(prompt_ids=prompt_ids, params=row_params, constraint=constraint,
                                 keep_special_ids=keep))
     return Prepared(requests, reads_tools=choice.mode != "none", thinking_open=thinking_open, budget=budget,
-                    room=room, pending=pending, fields=f)
+                    room=room, pending=pending, fields=f, check=_output_check(job))
+
+
+def _output_check(job: GenerationRequest) -> OutputCheck:
+    tools = {t["function"]["name"]: t["function"].get("parameters") or {} for t in job.tools or []} \
+        if job.tool_choice.mode != "none" else None
+    fmt = job.output_format
+    if fmt is None:
+        return OutputCheck(tools)
+    schema = fmt.schema if fmt.kind == "json_schema" and fmt.strict is not False else None
+    return OutputCheck(tools, schema, fmt.kind)
 
 
 async def start(state: ServerState, prepared: Prepared) -> list:

@@ -51,7 +51,8 @@ async def steps(state: ServerState, prepared: Prepared, events, row: int = 0) ->
     """The steps of one engine request; closing early cancels it (also before its first event)."""
     splitter = prepared.splitter()
     parser = tool_format_of(state).stream_parser() if prepared.reads_tools else None
-    has_calls = False
+    calls: dict[int, Call] = {}
+    content: list[str] = []
     try:
         async for event in events:
             final = event.finish_reason is not None
@@ -63,11 +64,37 @@ async def steps(state: ServerState, prepared: Prepared, events, row: int = 0) ->
                 parsed = parser.feed(answer) if answer else []
                 parts += [p for p in parsed + (parser.close() if final else [])
                           if not (isinstance(p, Content) and not p.text)]
-                has_calls = has_calls or any(isinstance(p, CallStart) for p in parts)
-            finish = _finish(event, has_calls, prepared.constrained) if final else None
+            finish = _finish(event, bool(calls) or any(isinstance(p, CallStart) for p in parts),
+                             prepared.constrained) if final else None
+            failure = _check(prepared, parts, calls, content, finish)
+            if failure is not None:  # withheld: an error takes the place of the rest
+                yield Step([], [], None, Finish("error", event.prompt_tokens, event.completion_tokens,
+                                                event.cached_tokens, error=failure))
+                return
             yield Step(parts, list(event.token_ids), getattr(event, "logprobs", None), finish)
     finally:
         state.engine.cancel(prepared.requests[row].request_id)  # a no-op once it finished
+
+
+def _check(prepared: Prepared, parts: list[Part], calls: dict, content: list[str], finish: Finish | None) -> str | None:
+    """Validates each call as it ends and a structured output at its end; the reason if one fails.
+    An output cut by the budget (finish `length`) is reported as cut, not checked."""
+    cut = finish is not None and finish.reason == "length"
+    for part in parts:
+        if isinstance(part, CallStart):
+            calls[part.index] = Call(part.name)
+        elif isinstance(part, ArgsDelta):
+            calls[part.index].arguments.append(part.text)
+        elif isinstance(part, CallEnd) and not cut:
+            failure = prepared.check.call(calls[part.index].name, "".join(calls[part.index].arguments))
+            if failure is not None:
+                return failure
+        elif isinstance(part, Content):
+            content.append(part.text)
+    if finish is not None and finish.reason in ("stop", "stop_sequence") and prepared.constrained \
+            and not prepared.reads_tools:
+        return prepared.check.text("".join(content))
+    return None
 
 
 def _finish(event, has_calls: bool, constrained: bool) -> Finish:

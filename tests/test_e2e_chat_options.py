@@ -92,3 +92,13 @@ def test_tokenize_and_detokenize(server_url, client):
     assert back["prompt"] == "hello world"
     bad = httpx.post(f"{server_url}/detokenize", json={"tokens": [10 ** 9]}, timeout=1800)
     assert bad.status_code == 400 and json.loads(bad.text)["error"]["param"] == "tokens"
+
+
+def test_outputs_are_validated_and_counted(server_url, client):
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=60, temperature=0)
+    valid_calls(reply.choices[0].message)
+    metrics = httpx.get(f"{server_url}/metrics", timeout=1800).text
+    lines = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#"))
+    assert float(lines['maskd_outputs_validated_total{kind="tool_call"}']) >= 1
+    assert float(lines.get('maskd_output_validation_failures_total{kind="tool_call"}', 0)) == 0
