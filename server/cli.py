@@ -8,7 +8,12 @@ import os
 import sys
 import time
 
-from engine.registry import RegistryError, load_registry
+# OpenMP threads that spin while they wait (libgomp's default) turn any other busy process on the
+# machine into a 10-50x slowdown of every torch op (two servers on 2 cores: 0.6 s of small matmuls
+# became 47 s); passive waiting costs little alone. Set before torch loads; the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from engine.registry import RegistryError, load_registry  # noqa: E402
 
 
 def _load(args):

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see server/cli.py
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 
