@@ -114,7 +114,11 @@ def replay(events: list[BlockEvent]) -> list[Block]:
 async def collect_blocks(stream) -> tuple[list[Block], Finish]:
     """Reads a step stream to its end into blocks; a failed generation raises a 500 APIError."""
     builder, events, finish = BlockBuilder(), [], None
-    async for step in stream:
+    try:
+        steps = [step async for step in stream]
+    finally:
+        await stream.aclose()  # a cancelled request (client gone) cancels its engine request now
+    for step in steps:
         events += builder.feed(step.parts)
         finish = step.finish or finish
     events += builder.finish()

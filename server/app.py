@@ -7,7 +7,8 @@ from contextlib import asynccontextmanager
 
 import asyncio
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
@@ -17,6 +18,7 @@ from server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from server.completions import CompletionRequest
 from server.errors import install_error_handlers
 from server.grammar_metrics import grammar_metrics_text
+from server.guards import Guard, unless_gone
 from server.protocol import ChatCompletionRequest
 from server.responses import ResponseStore
 from server.responses_protocol import ResponsesRequest
@@ -24,7 +26,8 @@ from server.state import ServerState
 from server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: int = 32 << 20,
+               cors_origins: tuple[str, ...] = ()) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         state.engine.start()
@@ -35,6 +38,10 @@ def create_app(state: ServerState) -> FastAPI:
         state.responses = ResponseStore(1000)
     app = FastAPI(title="maskd", lifespan=lifespan)
     app.state.maskd = state
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    if cors_origins:  # outermost: preflight requests are answered before the key is asked for
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
     started = int(time.time())
     install_error_handlers(app)
 
@@ -68,25 +75,25 @@ def create_app(state: ServerState) -> FastAPI:
             "context_length": state.context_length, "tool_format": state.tool_format}]}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
         state.engine.check_room()  # a full queue answers 429 before any prompt is rendered
         if not body.stream:
-            return await chat.complete(state, body)
+            return await unless_gone(request, chat.complete(state, body))
         payloads = await chat.stream(state, body)
         return EventSourceResponse(_as_sse(payloads), ping=15)
 
     @app.post("/v1/completions")
-    async def text_completions(body: CompletionRequest):
+    async def text_completions(body: CompletionRequest, request: Request):
         state.engine.check_room()
         if not body.stream:
-            return await completions.complete_text(state, body)
+            return await unless_gone(request, completions.complete_text(state, body))
         return EventSourceResponse(_as_sse(await completions.stream_text(state, body)), ping=15)
 
     @app.post("/v1/messages")
-    async def anthropic_messages(body: MessagesRequest):
+    async def anthropic_messages(body: MessagesRequest, request: Request):
         state.engine.check_room()
         if not body.stream:
-            return await messages.complete(state, body)
+            return await unless_gone(request, messages.complete(state, body))
         return EventSourceResponse(await messages.stream(state, body), ping=15)
 
     @app.post("/v1/messages/count_tokens")
@@ -94,10 +101,10 @@ def create_app(state: ServerState) -> FastAPI:
         return await messages.count_tokens(state, body)
 
     @app.post("/v1/responses")
-    async def openai_responses(body: ResponsesRequest):
+    async def openai_responses(body: ResponsesRequest, request: Request):
         state.engine.check_room()
         if not body.stream:
-            return await responses.complete(state, body)
+            return await unless_gone(request, responses.complete(state, body))
         return EventSourceResponse(await responses.stream(state, body), ping=15)
 
     @app.get("/v1/responses/{response_id}")

@@ -51,7 +51,10 @@ def cmd_serve(args) -> int:
                         context_length=loaded.context_length, tool_format=loaded.spec.tool_format,
                         engine=engine, compiler=compiler, vocabulary=vocabulary,
                         responses=ResponseStore(args.response_store))
-    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
+    api_key = args.api_key or os.environ.get("MASKD_API_KEY") or None
+    app = create_app(state, api_key=api_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                     cors_origins=tuple(o for o in args.cors_origins.split(",") if o))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -121,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="grammar compile processes (default: one per core); a request's tools compile side by side")
     serve.add_argument("--grammar-memory-mb", type=float, default=2048,
                        help="compiled grammars kept in memory, in MB (least recently used go first)")
+    serve.add_argument("--api-key", default=None,
+                       help="require this key (Authorization: Bearer / x-api-key) on every route but /health "
+                            "and /metrics; also read from MASKD_API_KEY")
+    serve.add_argument("--max-body-mb", type=float, default=32, help="largest request body accepted, in MiB (413 beyond)")
+    serve.add_argument("--cors-origins", default="",
+                       help="comma-separated origins browsers may call from (e.g. http://localhost:3000); none by default")
     serve.add_argument("--response-store", type=int, default=1000,
                        help="responses kept in memory for previous_response_id (0 keeps none)")
     serve.set_defaults(func=cmd_serve)

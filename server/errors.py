@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -81,5 +82,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        log.exception("unhandled error")
-        return shaped(request, error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), 500)
+        incident = secrets.token_hex(8)  # the log has the details; the client gets no internals
+        log.exception("unhandled error, incident %s", incident)
+        return shaped(request, error_body(f"internal error (incident {incident}); the server log has the "
+                                          "details", "server_error"), 500)

@@ -9,6 +9,8 @@ steps, so a streamed answer and a non-streamed one for the same seed are the sam
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Union
 
@@ -17,6 +19,8 @@ from server.errors import APIError
 from server.generation import Prepared
 from server.state import ServerState
 from server.tool_calls import tool_format_of
+
+log = logging.getLogger("maskd.server")
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,13 @@ def _finish(event, has_calls: bool, constrained: bool) -> Finish:
         reason = "tool_calls"
     elif reason == "stop" and stop_string is not None:
         reason = "stop_sequence"
+    error = None
+    if event.error:  # the engine's exception text stays in the log; the client gets an incident id
+        incident = secrets.token_hex(8)
+        log.error("request failed in the engine, incident %s: %s", incident, event.error)
+        error = f"the engine failed on this request (incident {incident}); the server log has the details"
     return Finish(reason, event.prompt_tokens, event.completion_tokens, event.cached_tokens,
-                  event.budget_forced if constrained else None, stop_string, event.error)
+                  event.budget_forced if constrained else None, stop_string, error)
 
 
 @dataclass
@@ -131,18 +140,21 @@ class Collected:
 async def collect(stream: AsyncIterator[Step]) -> Collected:
     """Reads a step stream to its end; a failed generation raises a 500 APIError."""
     content, reasoning, calls, logprobs, finish = [], [], {}, [], None
-    async for step in stream:
-        for part in step.parts:
-            if isinstance(part, Content):
-                content.append(part.text)
-            elif isinstance(part, Reasoning):
-                reasoning.append(part.text)
-            elif isinstance(part, CallStart):
-                calls[part.index] = Call(part.name)
-            elif isinstance(part, ArgsDelta):
-                calls[part.index].arguments.append(part.text)
-        logprobs += step.logprobs or []
-        finish = step.finish or finish
+    try:
+        async for step in stream:
+            for part in step.parts:
+                if isinstance(part, Content):
+                    content.append(part.text)
+                elif isinstance(part, Reasoning):
+                    reasoning.append(part.text)
+                elif isinstance(part, CallStart):
+                    calls[part.index] = Call(part.name)
+                elif isinstance(part, ArgsDelta):
+                    calls[part.index].arguments.append(part.text)
+            logprobs += step.logprobs or []
+            finish = step.finish or finish
+    finally:
+        await stream.aclose()  # a cancelled request (client gone) cancels its engine request now
     if finish.reason == "error":
         raise APIError(f"generation failed: {finish.error}", status=500, type="server_error")
     return Collected("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)], logprobs, finish)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import httpx
 
@@ -102,3 +103,27 @@ def test_outputs_are_validated_and_counted(server_url, client):
     lines = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#"))
     assert float(lines['maskd_outputs_validated_total{kind="tool_call"}']) >= 1
     assert float(lines.get('maskd_output_validation_failures_total{kind="tool_call"}', 0)) == 0
+
+
+def _counter(server_url: str, name: str) -> float:
+    for line in httpx.get(f"{server_url}/metrics", timeout=1800).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_client_gone_cancels_a_non_streamed_request(server_url):
+    cancelled = 'maskd_requests_total{finish_reason="cancelled"}'
+    cut = 'maskd_requests_total{finish_reason="length"}'
+    before = _counter(server_url, cancelled), _counter(server_url, cut)
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
+    try:  # 3000 tokens cannot be done in 2 s: the client hangs up mid-request
+        httpx.post(f"{server_url}/v1/chat/completions", json=body, timeout=2)
+    except httpx.TimeoutException:
+        pass
+    while True:  # however long the machine takes, the request must end by cancellation, not by its budget
+        state = httpx.get(f"{server_url}/debug/integrity", timeout=1800).json()
+        if state["running"] + state["waiting"] == 0:
+            break
+        time.sleep(0.2)
+    assert _counter(server_url, cancelled) == before[0] + 1 and _counter(server_url, cut) == before[1]
