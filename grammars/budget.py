@@ -31,10 +31,11 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 from collections import Counter, deque
 
 import numpy as np
+
+from grammars.private_dir import owned_file, private_dir
 
 log = logging.getLogger("maskd.grammars")
 
@@ -247,12 +248,16 @@ def _load():
     """Compile _index_table.c once per source version into the cache dir, then load it."""
     with open(_SOURCE, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    for folder in (os.environ.get("MASKD_CACHE_DIR") or os.path.expanduser("~/.cache/maskd"),
-                   tempfile.gettempdir()):
+    # Only a folder of this user's alone: never the shared temporary folder, where anyone could
+    # plant a library to be loaded into the server.
+    for folder in (os.environ.get("MASKD_CACHE_DIR") or os.path.expanduser("~/.cache/maskd"),):
         path = os.path.join(folder, f"index_table-{digest}-{sys.platform}.so")
+        if not private_dir(folder):
+            continue
         try:
-            if not os.path.exists(path):
-                os.makedirs(folder, exist_ok=True)
+            if not owned_file(path):
+                if os.path.lexists(path):
+                    os.remove(path)  # not ours: rebuilt rather than loaded
                 tmp = f"{path}.{os.getpid()}.tmp"
                 compiler = os.environ.get("CC", "cc")
                 subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", tmp, _SOURCE], check=True,

@@ -1,6 +1,7 @@
 """GrammarCompiler: regex / JSON schema -> CompiledGrammar, cached in memory and on disk.
 
-Cache key: sha256 of the regex and the vocabulary fingerprint.  The memory cache is an
+Cache key: sha256 of CACHE_VERSION (the outlines-core version, maskd's unit format), the vocabulary
+fingerprint and the regex; the disk cache lives in a folder of this user's alone (private_dir.py).  The memory cache is an
 LRU of CompiledGrammar objects bounded in entries and in bytes (a hit is a dict lookup, ~1 us;
 the biggest BFCL grammars hold 80-250 MB each); the disk cache holds
 the pickled outlines-core Index and its BudgetTable (``<cache_dir>/<key>.index``; ~1 ms
@@ -19,6 +20,7 @@ import hashlib
 import json
 import os
 import pickle
+from importlib.metadata import version
 import queue
 import threading
 import time
@@ -29,6 +31,7 @@ from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import GrammarError
 from grammars.json_schema import schema_to_regex
+from grammars.private_dir import owned_file, private_dir
 from grammars.vocabulary import TokenVocabulary
 
 
@@ -36,6 +39,10 @@ def default_workers() -> int:
     """Compile processes when not configured: one per core the process may use."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores)
+
+
+# What shapes a cached unit besides its regex and vocabulary: entries from other versions never match.
+CACHE_VERSION = f"maskd-units-2/outlines-core-{version('outlines-core')}/numpy-{version('numpy').split('.')[0]}"
 
 
 class GrammarCompiler:
@@ -76,8 +83,8 @@ class GrammarCompiler:
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
             self._idle.put(w)
-        if cache_dir:
-            os.makedirs(cache_dir, exist_ok=True)
+        if cache_dir and not private_dir(cache_dir):
+            self.cache_dir = None
         self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "timeouts": 0, "compile_seconds": 0.0,
                       "json_automaton_seconds": 0.0}
 
@@ -121,7 +128,7 @@ class GrammarCompiler:
         return self._threads.submit(self.compile_regex, regex)
 
     def _key(self, regex: str) -> str:
-        return hashlib.sha256(f"{self.vocabulary.fingerprint}\0{regex}".encode()).hexdigest()
+        return hashlib.sha256(f"{CACHE_VERSION}\0{self.vocabulary.fingerprint}\0{regex}".encode()).hexdigest()
 
     def compile_json_schema(self, schema: dict | str) -> CompiledGrammar:
         """CompiledGrammar for a JSON schema (compact whitespace, see json_schema.py)."""
@@ -231,7 +238,7 @@ class GrammarCompiler:
 
     def _disk_get(self, key: str):
         path = self._disk_path(key)
-        if path is None or not os.path.exists(path):
+        if path is None or not owned_file(path):
             return None
         try:
             with open(path, "rb") as f:

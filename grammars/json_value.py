@@ -33,6 +33,7 @@ import torch
 from grammars.json_value_distance import INF, JsonValueDistance
 from grammars.json_value_lexer import COMPLETE, MAX_DEPTH, NUM_STATES, TOP_OBJECT, VALUE, scan
 from grammars.json_value_tables import JsonValueTables, build_tables, load_tables, save_tables
+from grammars.private_dir import owned_file, private_dir
 from grammars.sparse_mask import SparseMask, sparse_mask
 from grammars.vocabulary import TokenVocabulary
 
@@ -266,10 +267,10 @@ def json_value_automaton(vocabulary: TokenVocabulary, cache_dir: str | None = No
 
 def _disk_tables(vocabulary: TokenVocabulary, cache_dir: str | None) -> JsonValueTables:
     path = None
-    if cache_dir:
+    if cache_dir and private_dir(cache_dir):
         name = hashlib.sha256(f"{vocabulary.fingerprint}|json-value|{FORMAT_VERSION}".encode()).hexdigest()
         path = os.path.join(cache_dir, f"json-value-{name[:32]}.npz")
-        if os.path.exists(path):
+        if owned_file(path):
             try:
                 tables = load_tables(path)
                 if tables.size == vocabulary.size:
@@ -281,7 +282,6 @@ def _disk_tables(vocabulary: TokenVocabulary, cache_dir: str | None) -> JsonValu
     tables = build_tables(vocabulary.token_bytes, vocabulary.size)
     if path:
         try:
-            os.makedirs(cache_dir, exist_ok=True)
             save_tables(tables, path)
         except OSError as exc:
             log.warning("could not write %s (%s); the JSON value tables stay in memory only", path, exc)
