@@ -50,7 +50,7 @@ from engine.constraint_hook import ConstraintMasker  # noqa: E402
 from grammars.compile_worker import CompileWorker  # noqa: E402
 from grammars.compiled_grammar import CompiledGrammar  # noqa: E402
 
-DATA = "/work/shared/data/maskbench"
+DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "maskbench")  # ../shared beside the repo
 SUBSETS = ["BFCL", "Glaiveai2K", "MCPspec", "JME"]
 OUT = os.path.join(ROOT, "benchmarks", "results")
 VOCAB_SIZE = 49152

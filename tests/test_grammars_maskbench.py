@@ -13,6 +13,7 @@ import glob
 import gzip
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,7 @@ from grammar_fixtures import (
 )
 from grammars import CompileTimeout, GrammarError, UnsupportedSchemaError, schema_to_regex
 
-DATA = "/work/shared/data/maskbench"
+DATA = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench")  # ../shared beside the repo
 SAMPLE = 5
 TOKEN_WALKS = 12  # valid instances also walked through the token index
 

@@ -8,6 +8,7 @@ import gzip
 import json
 import random
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -26,9 +27,14 @@ def obj(props, required=None, **rest):
     return {**out, **rest}
 
 
+GLAIVE = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench" / "Glaiveai2K.jsonl.gz"
+
+
 @functools.lru_cache(maxsize=1)
 def _glaive():
-    with gzip.open("/work/shared/data/maskbench/Glaiveai2K.jsonl.gz", "rt") as f:
+    if not GLAIVE.exists():
+        pytest.skip("MaskBench data not present (../shared beside the repository)")
+    with gzip.open(GLAIVE, "rt") as f:
         return [json.loads(line)["schema"] for line in f]
 
 
@@ -245,9 +251,10 @@ def _decode(grammar, seed, slack=30):
     return smollm2_tokenizer().decode([t for t in ids if t not in grammar.vocabulary.eos_token_ids])
 
 
-@pytest.mark.parametrize("schema", [glaive(72), glaive(159), glaive(238), glaive(36), *HANDMADE],
+@pytest.mark.parametrize("schema", [72, 159, 238, 36, *HANDMADE],
                          ids=["glaive72", "glaive159", "glaive238", "glaive36", "oneof_kind", "oneof_sub", "deps"])
 def test_sampled_outputs_are_valid_against_the_original_schema(schema):
+    schema = glaive(schema) if isinstance(schema, int) else schema
     grammar = shared_compiler().compile_json_schema(schema)
     for seed in range(SAMPLES):
         instance = json.loads(_decode(grammar, seed))
