@@ -50,7 +50,8 @@ def cmd_serve(args) -> int:
     state = ServerState(model_name=loaded.name, tokenizer=loaded.tokenizer,
                         context_length=loaded.context_length, tool_format=loaded.spec.tool_format,
                         engine=engine, compiler=compiler, vocabulary=vocabulary,
-                        responses=ResponseStore(args.response_store))
+                        responses=ResponseStore(args.response_store),
+                        default_max_tokens=args.default_max_tokens or None)
     api_key = args.api_key or os.environ.get("MASKD_API_KEY") or None
     app = create_app(state, api_key=api_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),
                      cors_origins=tuple(o for o in args.cors_origins.split(",") if o))
@@ -130,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-mb", type=float, default=32, help="largest request body accepted, in MiB (413 beyond)")
     serve.add_argument("--cors-origins", default="",
                        help="comma-separated origins browsers may call from (e.g. http://localhost:3000); none by default")
+    serve.add_argument("--default-max-tokens", type=int, default=4096,
+                       help="output tokens of a request that sends no max_tokens (0: the rest of the context)")
     serve.add_argument("--response-store", type=int, default=1000,
                        help="responses kept in memory for previous_response_id (0 keeps none)")
     serve.set_defaults(func=cmd_serve)

@@ -126,7 +126,7 @@ async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
         outside = next(t for t in bias if t >= state.vocabulary.size or t < 0)
         raise APIError(f"{f.logit_bias}: token id {outside} is outside the vocabulary [0, {state.vocabulary.size})",
                        param=f.logit_bias)
-    params = replace(job.sampling, max_tokens=budget or room)
+    params = replace(job.sampling, max_tokens=budget or min(room, state.default_max_tokens or room))
     requests, pending, keep = [], [], frozenset()
     for row in range(job.n):  # each row has its own constraint state; compiled units are shared
         constraint = None

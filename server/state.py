@@ -18,6 +18,7 @@ class ServerState:
     compiler: object = None  # grammars.GrammarCompiler for this model's vocabulary
     vocabulary: object = None  # grammars.TokenVocabulary
     responses: object = None  # server.responses.ResponseStore (previous_response_id)
+    default_max_tokens: int | None = None  # a request without max_tokens gets at most this (None: the context)
 
     def require_model(self, name: str) -> None:
         """The request's `model` must be the one served here (a 404 naming it otherwise)."""

@@ -183,3 +183,19 @@ def test_full_queue_raises_and_the_server_answers_429(tiny_model, smollm_tokeniz
             assert reply.json()["error"]["code"] == "queue_full"
         assert "maskd_requests_rejected_total 2.0" in http.get("/metrics").text
         assert http.get("/debug/integrity").json()["ok"] is True
+
+
+def test_a_request_without_max_tokens_gets_the_server_default(tiny_model, smollm_tokenizer):
+    from server.app import create_app
+    from server.state import ServerState
+    engine = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), EOS, context_length=1024)
+    state = ServerState(model_name="tiny", tokenizer=smollm_tokenizer, context_length=1024,
+                        tool_format="hermes", engine=engine, default_max_tokens=5)
+    with TestClient(create_app(state)) as http:
+        reply = http.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True})
+        assert reply.json()["usage"]["completion_tokens"] == 5
+        assert reply.json()["choices"][0]["finish_reason"] == "length"
+        asked = http.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True, "max_tokens": 7})
+        assert asked.json()["usage"]["completion_tokens"] == 7  # a client's own max_tokens is not capped
