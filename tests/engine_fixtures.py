@@ -56,3 +56,35 @@ def run_hooked(tiny_model, tokenizer, hook, params):
         return run(eng, Request(prompt_ids=prompt(tokenizer), params=params))
     finally:
         eng.shutdown()
+
+
+class ForcesRun:
+    """A free-text constraint that forces ``tokens`` right after the first sampled token (jump-forward)."""
+    budget_forced = False
+
+    def __init__(self, tokens):
+        self.tokens, self.advanced = list(tokens), 0
+
+    def fill(self, row, budget=None):
+        pass
+
+    def advance(self, token):
+        self.advanced += 1
+
+    def forced(self):
+        return self.tokens if self.advanced == 1 else []
+
+    def finished(self):
+        return False
+
+    def closed(self):
+        return False
+
+    def is_terminated(self):
+        return False
+
+    def min_tokens(self):
+        return 0
+
+    def free_text(self):
+        return True

@@ -10,42 +10,7 @@ from engine.engine import Engine
 from engine.logprobs import TokenLogprob
 from engine.sampling import SamplingParams
 from engine.sequence import Request
-from engine_fixtures import engine, only_tokens, prompt, run, run_hooked, tiny_model  # noqa: F401 (fixtures)
-
-
-class ForcesOnce:
-    """A free-text constraint that forces ``token`` once, right after the first sampled token."""
-    budget_forced = False
-
-    def __init__(self, token):
-        self.token, self.advanced, self.done = token, 0, False
-
-    def fill(self, row, budget=None):
-        pass
-
-    def advance(self, token):
-        self.advanced += 1
-
-    def forced(self):
-        if self.advanced == 1 and not self.done:
-            self.done = True
-            return [self.token]
-        return []
-
-    def finished(self):
-        return False
-
-    def closed(self):
-        return False
-
-    def is_terminated(self):
-        return False
-
-    def min_tokens(self):
-        return 0
-
-    def free_text(self):
-        return True
+from engine_fixtures import ForcesRun, engine, only_tokens, prompt, run, run_hooked, tiny_model  # noqa: F401 (fixtures)
 
 
 def recording(seen):
@@ -63,7 +28,7 @@ def test_penalties_match_a_hand_reference_before_the_hooks_and_count_forced_toke
     eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=[recording(seen)])
     eng.start()
     try:
-        events = run(eng, Request(prompt_ids=ids, params=params, constraint=ForcesOnce(forced)))
+        events = run(eng, Request(prompt_ids=ids, params=params, constraint=ForcesRun([forced])))
     finally:
         eng.shutdown()
     tokens = [t for e in events for t in e.token_ids]
@@ -142,7 +107,7 @@ def test_forced_tokens_have_logprob_zero(tiny_model, smollm_tokenizer):
     eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512)
     eng.start()
     try:
-        events = run(eng, Request(prompt_ids=prompt(smollm_tokenizer), constraint=ForcesOnce(forced),
+        events = run(eng, Request(prompt_ids=prompt(smollm_tokenizer), constraint=ForcesRun([forced]),
                                   params=SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=2)))
     finally:
         eng.shutdown()

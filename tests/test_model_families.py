@@ -24,6 +24,7 @@ from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llam
 from engine.engine import Engine
 from engine.sampling import SamplingParams
 from engine.sequence import Request
+from engine_fixtures import ForcesRun
 
 VOCAB = 1536
 WINDOW = 8  # sliding window of the Mistral and Gemma 3 configs; most prompts below are longer
@@ -91,38 +92,6 @@ class Driver:
 
     def last(self, request):
         return self.events[request.request_id][-1]
-
-
-class ForcesRun:
-    """A free-text constraint that forces ``tokens`` right after the first sampled token (jump-forward)."""
-    budget_forced = False
-
-    def __init__(self, tokens):
-        self.tokens, self.advanced = list(tokens), 0
-
-    def fill(self, row, budget=None):
-        pass
-
-    def advance(self, token):
-        self.advanced += 1
-
-    def forced(self):
-        return self.tokens if self.advanced == 1 else []
-
-    def finished(self):
-        return False
-
-    def closed(self):
-        return False
-
-    def is_terminated(self):
-        return False
-
-    def min_tokens(self):
-        return 0
-
-    def free_text(self):
-        return True
 
 
 def prompts(lengths, seed=0):
