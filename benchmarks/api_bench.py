@@ -1,6 +1,7 @@
 """Tool calls through the Anthropic Messages API and the OpenAI Responses API, with the official SDKs.
 
     python benchmarks/api_bench.py [--limit N] [--stride K] [--url URL] [--max-tokens 200] [--concurrency 2]
+                                   [--minutes M]
 
 Without --url it starts its own `maskd serve` on a free port (benchmarks/live_server.py) and stops
 it at the end. Each MaskBench BFCL schema becomes its tools as tool_bench builds them (one per
@@ -122,7 +123,7 @@ def run_schema(clients, model: str, line: int, row: dict, args) -> list[dict]:
             record["problems"] = verdict(answer, functions, mode)
             record["valid"] = not record["problems"]
             record["answer"] = answer
-            record["duplicate_keys"] = [f"call {i}: {keys}" for i, text in enumerate(raw)
+            record["duplicate_keys"] = [f"call {i}: {keys} in {text[:400]}" for i, text in enumerate(raw)
                                         if (keys := duplicate_keys(text))]
             if mode["stream"]:
                 record["stream_problems"] = stream_problems
@@ -223,9 +224,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="schemas in flight at once")
     parser.add_argument("--parallel", action="store_true", help="allow several calls per answer")
     parser.add_argument("--timeout", type=float, default=600, help="client timeout per request, s")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="start no schema after this many minutes (those in flight finish); report what ran")
     args = parser.parse_args()
     rows = list(enumerate(json.loads(line) for line in gzip.open(DATA, "rt")))[::args.stride][:args.limit]
-    renamed = sum(anthropic_name(n) != n for _, row in rows for n in functions_of(row["schema"]))
     RESULTS.mkdir(exist_ok=True)
     log_path = RESULTS / "api_bench_records.jsonl"
     print(f"{len(rows)} schemas, {len(modes())} requests each, concurrency {args.concurrency}", flush=True)
@@ -239,6 +241,8 @@ def main() -> None:
         with open(log_path, "w") as log, ThreadPoolExecutor(args.concurrency) as pool:
             def one(item):
                 line, row = item
+                if args.minutes is not None and time.perf_counter() - started > 60 * args.minutes:
+                    return
                 out = run_schema(clients, model, line, row, args)
                 with lock:
                     records.extend(out)
@@ -254,12 +258,17 @@ def main() -> None:
     wall = time.perf_counter() - started
     records.sort(key=lambda r: (r["line"], [m["key"] for m in modes()].index(r["mode"])))
     table = summarize(records)
-    report(table, records, renamed, len(rows), wall)
+    lines = {r["line"] for r in records}
+    ran = len(lines)
+    renamed = sum(anthropic_name(n) != n for i, row in rows if i in lines for n in functions_of(row["schema"]))
+    if ran < len(rows):
+        print(f"\n--minutes {args.minutes:g}: {ran} of the {len(rows)} selected schemas ran")
+    report(table, records, renamed, ran, wall)
     labels = ("error", "problems", "stream_problems", "differences", "duplicate_keys")
     flagged = [{k: r.get(k) for k in ("line", "id", "name", "mode", "seconds", *labels, "answer") if r.get(k)}
                for r in records if any(r.get(label) for label in labels)]
     (RESULTS / "api_bench.json").write_text(json.dumps(
-        {"schemas": len(rows), "requests": len(records), "wall_s": round(wall, 1), "concurrency": args.concurrency,
+        {"selected": len(rows), "schemas": ran, "requests": len(records), "wall_s": round(wall, 1), "concurrency": args.concurrency,
          "max_tokens": args.max_tokens, "seed": SEED, "renamed_for_messages": renamed, "url": args.url,
          "table": table, "flagged": flagged}, indent=2))
     plot(table, records, RESULTS / "api_bench.png")

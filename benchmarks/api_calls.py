@@ -24,7 +24,7 @@ def anthropic_name(name: str) -> str:
 
 def call_messages(client: anthropic.Anthropic, model: str, functions: dict[str, dict], mode: dict,
                   max_tokens: int, parallel: bool):
-    """(answer, problems): answer = {"stop_reason", "blocks": [(type, name, input or text)]}."""
+    """POST /v1/messages; blocks are (type, name, input or text)."""
     first = next(iter(functions))
     choice = {"type": "any"} if mode["choice"] == "any" else {"type": "tool", "name": anthropic_name(first)}
     if not parallel:
@@ -72,7 +72,7 @@ def call_messages(client: anthropic.Anthropic, model: str, functions: dict[str, 
 
 def call_responses(client: openai.OpenAI, model: str, functions: dict[str, dict], mode: dict, max_tokens: int,
                    parallel: bool):
-    """(answer, problems): answer = {"stop_reason": status, "blocks": [(type, name, arguments or text)]}."""
+    """POST /v1/responses; stop_reason is the response's status, blocks are (type, name, arguments or text)."""
     first = next(iter(functions))
     kwargs = dict(model=model, max_output_tokens=max_tokens, temperature=mode["temperature"], tool_choice="required",
                   parallel_tool_calls=parallel, input=f"Call {first} with sensible arguments.",
