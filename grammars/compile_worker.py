@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from grammars.errors import CompileTimeout, GrammarError
+from grammars.errors import CompileTimeout, GrammarError, UnsupportedSchemaError
 
 _STARTUP_TIMEOUT_S = 60.0
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,16 +67,27 @@ def serve() -> None:  # runs in the child
 
     _library()  # numpy and the C table routine (compiled on first use) load before "ready"
     _write(out, ("ready", None))
+    from grammars.errors import UnsupportedSchemaError
+    from grammars.json_schema import schema_to_regex
+
     while True:
         try:
-            regex, with_table, vocab_size, eos_ids = _read(inp, None)
+            job = _read(inp, None)
         except EOFError:
             return
         try:
+            if job[0] == "schema":  # ("schema", schema text, ignored keywords, free values) -> regex
+                _write(out, ("ok", schema_to_regex(job[1], ignore_keywords=job[2], free_values=job[3])))
+                continue
+            _, regex, with_table, vocab_size, eos_ids = job
             index = outlines_core.Index(regex, vocabulary)
             if with_table:
                 index = (index, build_budget_table(index, vocab_size, eos_ids))
             _write(out, ("ok", index))
+        except UnsupportedSchemaError as e:
+            _write(out, ("unsupported", (e.keyword, e.path, str(e))))
+        except GrammarError as e:
+            _write(out, ("invalid", str(e)))
         except Exception as e:  # noqa: BLE001 - report any compile failure to the parent
             _write(out, ("error", f"{type(e).__name__}: {e}"))
 
@@ -109,13 +120,36 @@ class CompileWorker:
 
         Returns the Index, or (Index, BudgetTable) with ``with_table`` (grammars/budget.py).
         """
+        status, payload = self._run(("index", regex, with_table, *self._table_args), timeout_s, "grammar")
+        if status != "ok":
+            raise GrammarError(
+                f"outlines-core could not build a token index for the regex: {payload}; "
+                f"check the regex/schema is valid and satisfiable with this vocabulary"
+            )
+        return payload
+
+    def schema_regex(self, schema_text: str, ignore_keywords: tuple, free_values: bool, timeout_s: float) -> str:
+        """schema_to_regex in the child, under the same limit: a schema whose expansion explodes
+        (nested oneOf, huge bounds) is killed with the child, never left burning a core."""
+        status, payload = self._run(("schema", schema_text, tuple(ignore_keywords), free_values), timeout_s,
+                                    "JSON schema into a regex")
+        if status == "unsupported":
+            keyword, path, message = payload
+            error = UnsupportedSchemaError(keyword, path)
+            error.args = (message,)
+            raise error
+        if status != "ok":
+            raise GrammarError(payload)
+        return payload
+
+    def _run(self, job: tuple, timeout_s: float, what: str):
         self.start()
         fd = self._proc.stdout.fileno()
         try:
             if not self._ready:
                 _read(fd, time.monotonic() + _STARTUP_TIMEOUT_S)
                 self._ready = True
-            _write(self._proc.stdin, (regex, with_table, *self._table_args))
+            _write(self._proc.stdin, job)
             status, payload = _read(fd, time.monotonic() + timeout_s)
         except TimeoutError:
             was_ready = self._ready
@@ -125,19 +159,14 @@ class CompileWorker:
                     f"the grammar compile worker did not start within {_STARTUP_TIMEOUT_S:g} s;"
                     f" check that `{sys.executable} -c 'import outlines_core'` works"
                 ) from None
-            raise CompileTimeout(timeout_s, "grammar") from None
+            raise CompileTimeout(timeout_s, what) from None
         except (EOFError, BrokenPipeError, OSError):
             self.kill()
             raise GrammarError(
                 "the grammar compile worker died while compiling (out of memory?); "
                 "simplify the schema or retry"
             ) from None
-        if status == "error":
-            raise GrammarError(
-                f"outlines-core could not build a token index for the regex: {payload}; "
-                f"check the regex/schema is valid and satisfiable with this vocabulary"
-            )
-        return payload
+        return status, payload
 
     def kill(self) -> None:
         """Stop the child now (used on timeout and on close)."""

@@ -30,7 +30,6 @@ from typing import Iterable
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import GrammarError
-from grammars.json_schema import schema_to_regex
 from grammars.private_dir import owned_file, private_dir
 from grammars.vocabulary import TokenVocabulary
 
@@ -71,7 +70,7 @@ class GrammarCompiler:
         self.free_values = free_values  # free-form values as holes for the JSON-value automaton
         self._json = None  # the JSON-value automaton, once asked for
         self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
-        self._schema_regex: OrderedDict[str, str] = OrderedDict()
+        self._schema_regex: OrderedDict[tuple, str] = OrderedDict()  # (schema, ignored, free values) -> regex
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Lock] = {}
         blob = pickle.dumps(vocabulary.outlines)
@@ -132,18 +131,38 @@ class GrammarCompiler:
 
     def compile_json_schema(self, schema: dict | str) -> CompiledGrammar:
         """CompiledGrammar for a JSON schema (compact whitespace, see json_schema.py)."""
-        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        return self.compile_regex(self.schema_regex(schema, self.ignore_keywords, self.free_values))
+
+    def schema_regex(self, schema: dict | str, ignore_keywords: Iterable[str] = (), free_values: bool = True) -> str:
+        """schema_to_regex(schema), cached, run in a worker process under the time limit: turning a
+        schema into a regex can explode too (nested oneOf), and a thread could not be stopped."""
+        text = schema if isinstance(schema, str) else json.dumps(schema)  # key order kept: it orders properties
+        key = (text, tuple(sorted(ignore_keywords)), free_values)
         with self._lock:
-            regex = self._schema_regex.get(text)
+            regex = self._schema_regex.get(key)
             if regex is not None:
-                self._schema_regex.move_to_end(text)
-        if regex is None:
-            regex = schema_to_regex(schema, ignore_keywords=self.ignore_keywords, free_values=self.free_values)
-            with self._lock:
-                self._schema_regex[text] = regex
-                while len(self._schema_regex) > self.lru_size:
-                    self._schema_regex.popitem(last=False)
-        return self.compile_regex(regex)
+                self._schema_regex.move_to_end(key)
+                return regex
+        worker = self._idle.get()
+        try:
+            regex = worker.schema_regex(text, key[1], free_values, self.timeout_s)
+        except GrammarError as e:
+            if type(e).__name__ == "CompileTimeout":
+                self.stats["timeouts"] += 1
+            raise
+        finally:
+            worker.start()  # respawn at once if the limit killed it
+            self._idle.put(worker)
+        with self._lock:
+            self._schema_regex[key] = regex
+            while len(self._schema_regex) > self.lru_size:
+                self._schema_regex.popitem(last=False)
+        return regex
+
+    async def schema_regex_async(self, schema: dict | str, ignore_keywords: Iterable[str] = (),
+                                 free_values: bool = True) -> str:
+        return await asyncio.wrap_future(self._threads.submit(self.schema_regex, schema, ignore_keywords,
+                                                              free_values))
 
     def json_automaton(self):
         """The vocabulary's JSON-value automaton (grammars/json_value.py): built, or read from the

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
-from grammars import GrammarError, UnsupportedSchemaError, schema_to_regex
+from grammars import GrammarError, UnsupportedSchemaError
 from grammars.json_schema import UNSUPPORTED_KEYWORDS
 from server.errors import APIError
 from server.state import ServerState
@@ -32,7 +31,7 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
         raise APIError("a json_schema output format needs its schema", param=param)
     try:
         ignore = UNSUPPORTED_KEYWORDS if fmt.strict is False else ()
-        regex = await asyncio.to_thread(schema_to_regex, fmt.schema, None, ignore, True)  # free values: holes
+        regex = await state.compiler.schema_regex_async(fmt.schema, ignore)  # in a worker, under the limit
         grammar = await state.compiler.compile_regex_async(regex)
     except UnsupportedSchemaError as exc:
         raise APIError(str(exc), param=param, code="unsupported_schema") from exc

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from grammars import GrammarError, UnsupportedSchemaError, schema_to_regex
+from grammars import GrammarError, UnsupportedSchemaError
 from grammars.tool_constraint import ToolCallConstraint, tool_tokens
 from grammars.tool_formats import get_tool_format
 from grammars.tool_formats.base import ToolFormat
-from grammars.tool_formats.call_regex import NO_PARAMETERS_SCHEMA, ToolFormatError
+from grammars.tool_formats.call_regex import NO_PARAMETERS_SCHEMA, ToolFormatError, chosen_specs
 from grammars.tool_grammar import tool_grammar
 from grammars.trigger_mask import trigger_masks
 from grammars.unit_union import UnitUnion
@@ -23,19 +23,25 @@ class ToolChoice:
     name: str | None = None
 
 
-def _args_regex_for(tools: list[dict], fields):
-    """args_regex for the tool formats; a schema error names the tool it came from."""
+async def _args_regexes(state: ServerState, tools: list[dict], forced_name: str | None, fields) -> dict[int, str]:
+    """Each chosen tool's arguments regex, by id of its schema; built in the compile workers under the
+    limit (side by side), and a schema error names the tool it came from."""
+    try:
+        specs = chosen_specs(tools, forced_name)
+    except ToolFormatError as exc:
+        raise APIError(str(exc), param=fields.tools) from exc
     positions = {id(t["function"].get("parameters") or NO_PARAMETERS_SCHEMA): i for i, t in enumerate(tools)}
 
-    def args_regex(schema: dict) -> str:
+    async def one(schema: dict) -> str:
         try:
-            return schema_to_regex(schema, free_values=True)  # free-form values: the JSON automaton's holes
+            return await state.compiler.schema_regex_async(schema)  # free-form values: the automaton's holes
         except GrammarError as exc:
             position = positions.get(id(schema))
             param = fields.tool_schema.format(i=position) if position is not None else fields.tools
-            raise APIError(str(exc), param=param, code="unsupported_schema"
-                           if isinstance(exc, UnsupportedSchemaError) else "invalid_schema") from exc
-    return args_regex
+            code = "unsupported_schema" if isinstance(exc, UnsupportedSchemaError) else "invalid_schema"
+            raise APIError(str(exc), param=param, code=code) from exc
+    schemas = [schema for _, schema in specs]
+    return dict(zip(map(id, schemas), await asyncio.gather(*(one(schema) for schema in schemas))))
 
 
 @dataclass
@@ -71,8 +77,9 @@ async def build_tool_constraint(state: ServerState, tools: list[dict], choice: T
     not run twice), whatever `parallel` says."""
     tools = [{**tool, "function": {k: v for k, v in tool["function"].items() if k != "strict"}} for tool in tools]
     parallel = parallel and choice.mode != "named"
+    regexes = await _args_regexes(state, tools, choice.name, fields)
     try:
-        grammar = await asyncio.to_thread(tool_grammar, state.tool_format, tools, _args_regex_for(tools, fields),
+        grammar = await asyncio.to_thread(tool_grammar, state.tool_format, tools, lambda schema: regexes[id(schema)],
                                           parallel, choice.name)
     except ToolFormatError as exc:
         raise APIError(str(exc), param=fields.tools) from exc
