@@ -64,7 +64,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(QueueFull)
     async def _queue_full(request: Request, exc: QueueFull):
-        return shaped(request, error_body(str(exc), "rate_limit_error", None, "queue_full"), 429)
+        response = shaped(request, error_body(str(exc), "rate_limit_error", None, "queue_full"), 429)
+        response.headers["Retry-After"] = "1"  # clients (openai, anthropic SDKs) back off and retry
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

@@ -181,6 +181,7 @@ def test_full_queue_raises_and_the_server_answers_429(tiny_model, smollm_tokeniz
             assert reply.status_code == 429
             assert reply.json()["error"]["type"] == "rate_limit_error"
             assert reply.json()["error"]["code"] == "queue_full"
+            assert reply.headers["Retry-After"] == "1"
         assert "maskd_requests_rejected_total 2.0" in http.get("/metrics").text
         assert http.get("/debug/integrity").json()["ok"] is True
 
