@@ -40,7 +40,7 @@ class Fields:
 class GenerationRequest:
     prompt: list[dict] | str | list[int]  # chat messages (template dicts), or raw text / token ids
     sampling: SamplingParams  # max_tokens is set by prepare
-    max_tokens: int | None = None  # what the client asked for; None: the rest of the context
+    max_tokens: int | None = None  # what the client asked for; None: --default-max-tokens within the context
     tools: list[dict] | None = None  # OpenAI function tools: {"type": "function", "function": {...}}
     tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
     parallel_tool_calls: bool = True
