@@ -32,7 +32,8 @@ arguments and the completed response's item arguments. Per pair: the streamed an
 non-streamed one (same blocks / items in order, same types, names, inputs / arguments and texts;
 ids ignored). Apart from validity, answers whose raw JSON (an arguments string, the joined
 input_json_delta pieces) writes one key twice in an object are counted (parsers keep one
-silently). A budget under a schema's shortest valid call is a 400 that names the minimum; that
+silently), and so are calls whose top-level keys are not in the order of the schema's
+properties. A budget under a schema's shortest valid call is a 400 that names the minimum; that
 request is sent again once with the minimum + 20 (counted as budget_raised). Any other HTTP error
 is recorded with its status and message.
 
@@ -48,6 +49,7 @@ import gzip
 import json
 import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -61,7 +63,7 @@ import openai
 
 # benchmarks/ is on sys.path when run as a script
 from api_calls import SEED, anthropic_name, call_messages, call_responses
-from api_checks import differences, duplicate_keys, verdict
+from api_checks import differences, duplicate_keys, key_order, verdict
 from live_server import live_server
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench" / "BFCL.jsonl.gz"
@@ -88,6 +90,16 @@ def modes() -> list[dict]:
         mode["key"] = (f"{mode['api']} {mode['choice']} t={mode['temperature']:g}"
                        + (f" seed={SEED}" if mode["temperature"] else "") + (" stream" if mode["stream"] else ""))
     return out
+
+
+def code_version() -> str:
+    """HEAD, and whether the server's code differs from it (others edit the tree while benchmarks run)."""
+    git = ["git", "-C", str(RESULTS.parent.parent)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "server", "engine", "grammars"],
+                           capture_output=True, text=True).stdout.split("\n")
+    changed = [line[3:] for line in dirty if line.strip()]
+    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
 
 
 def _budget_needed(message: str) -> int | None:
@@ -125,6 +137,7 @@ def run_schema(clients, model: str, line: int, row: dict, args) -> list[dict]:
             record["answer"] = answer
             record["duplicate_keys"] = [f"call {i}: {keys} in {text[:400]}" for i, text in enumerate(raw)
                                         if (keys := duplicate_keys(text))]
+            record["key_order"] = key_order(answer, functions, mode["api"])
             if mode["stream"]:
                 record["stream_problems"] = stream_problems
                 twin = answers.get(mode["key"].removesuffix(" stream"))
@@ -149,7 +162,8 @@ def summarize(records: list[dict]) -> dict:
                  "valid_pct": 100 * sum(r["valid"] for r in answered) / len(answered) if answered else None,
                  "mean_s": statistics.fmean(r["seconds"] for r in rows) if rows else None,
                  "budget_raised": sum("budget_raised_to" in r for r in rows),
-                 "duplicate_keys": sum(bool(r["duplicate_keys"]) for r in answered)}
+                 "duplicate_keys": sum(bool(r["duplicate_keys"]) for r in answered),
+                 "key_order": sum(bool(r["key_order"]) for r in answered)}
         if mode["stream"]:
             entry.update(pairs=len(paired), equal=sum(r["equal"] for r in paired),
                          equal_pct=100 * sum(r["equal"] for r in paired) / len(paired) if paired else None,
@@ -169,18 +183,19 @@ def report(table: dict, records: list[dict], renamed: int, schemas: int, wall: f
           "stream==plain = the streamed answer equals its non-streamed twin (both answered); "
           "deltas ok = the streamed pieces join to the final input/arguments")
     print("dup keys = answers whose raw JSON writes a key twice in one object (seen in arguments strings and "
-          "joined input_json_delta pieces; a non-streamed Messages input is already parsed, so '-')")
+          "joined input_json_delta pieces; a non-streamed Messages input is already parsed, so '-'); "
+          "order = answers whose top-level keys are not in the schema's properties order")
     print(f"{'API / mode':38} {'reqs':>5} {'valid':>7} {'stream==plain':>13} {'deltas ok':>9} {'mean s':>7} "
-          f"{'errors':>6} {'budget+':>7} {'dup keys':>8}")
+          f"{'errors':>6} {'budget+':>7} {'dup keys':>8} {'order':>5}")
     for key, e in table.items():
         streamed = "pairs" in e
         print(f"{key:38} {e['requests']:5} {pct(e['valid_pct']):>7} {pct(e.get('equal_pct')) if streamed else '':>13} "
               f"{pct(e.get('deltas_ok_pct')) if streamed else '':>9} "
               f"{e['mean_s'] if e['mean_s'] is not None else 0:7.2f} {e['errors']:6} {e['budget_raised']:7} "
-              f"{e['duplicate_keys'] if key.startswith('responses') or streamed else '-':>8}")
+              f"{e['duplicate_keys'] if key.startswith('responses') or streamed else '-':>8} {e['key_order']:5}")
     shown = 0
     for r in records:
-        for label in ("error", "problems", "stream_problems", "differences", "duplicate_keys"):
+        for label in ("error", "problems", "stream_problems", "differences", "duplicate_keys", "key_order"):
             if r.get(label) and shown < 60:
                 print(f"  line {r['line']} {r['id']} [{r['mode']}] {label}: {r[label]}")
                 shown += 1
@@ -230,7 +245,8 @@ def main() -> None:
     rows = list(enumerate(json.loads(line) for line in gzip.open(DATA, "rt")))[::args.stride][:args.limit]
     RESULTS.mkdir(exist_ok=True)
     log_path = RESULTS / "api_bench_records.jsonl"
-    print(f"{len(rows)} schemas, {len(modes())} requests each, concurrency {args.concurrency}", flush=True)
+    code = code_version()
+    print(f"{len(rows)} schemas, {len(modes())} requests each, concurrency {args.concurrency}; code {code}", flush=True)
     started = time.perf_counter()
     with (nullcontext((args.url, None)) if args.url else live_server()) as (url, _):
         url = url.rstrip("/")
@@ -250,7 +266,8 @@ def main() -> None:
                         log.write(json.dumps(r) + "\n")
                     log.flush()
                     bad = sum(bool(r.get("error") or r.get("problems") or r.get("stream_problems")
-                                   or r.get("differences") or r.get("duplicate_keys")) for r in out)
+                                   or r.get("differences") or r.get("duplicate_keys") or r.get("key_order"))
+                              for r in out)
                     print(f"{len({r['line'] for r in records}):4}/{len(rows)} line {line:4} {out[0]['name'][:40]:40} "
                           f"{out[0]['tools']} tools {sum(r['seconds'] for r in out):6.1f}s "
                           f"{'ok' if not bad else f'{bad} flagged'}", flush=True)
@@ -264,12 +281,12 @@ def main() -> None:
     if ran < len(rows):
         print(f"\n--minutes {args.minutes:g}: {ran} of the {len(rows)} selected schemas ran")
     report(table, records, renamed, ran, wall)
-    labels = ("error", "problems", "stream_problems", "differences", "duplicate_keys")
+    labels = ("error", "problems", "stream_problems", "differences", "duplicate_keys", "key_order")
     flagged = [{k: r.get(k) for k in ("line", "id", "name", "mode", "seconds", *labels, "answer") if r.get(k)}
                for r in records if any(r.get(label) for label in labels)]
     (RESULTS / "api_bench.json").write_text(json.dumps(
-        {"selected": len(rows), "schemas": ran, "requests": len(records), "wall_s": round(wall, 1), "concurrency": args.concurrency,
-         "max_tokens": args.max_tokens, "seed": SEED, "renamed_for_messages": renamed, "url": args.url,
+        {"selected": len(rows), "schemas": ran, "requests": len(records), "wall_s": round(wall, 1),
+         "concurrency": args.concurrency, "code": code, "max_tokens": args.max_tokens, "seed": SEED, "renamed_for_messages": renamed, "url": args.url,
          "table": table, "flagged": flagged}, indent=2))
     plot(table, records, RESULTS / "api_bench.png")
     print(f"wrote {RESULTS / 'api_bench.json'}, {RESULTS / 'api_bench.png'}, {log_path}")

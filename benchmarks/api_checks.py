@@ -63,6 +63,26 @@ def verdict(answer: dict, functions: dict[str, dict], mode: dict) -> list[str]:
     return problems
 
 
+def key_order(answer: dict, functions: dict[str, dict], api: str) -> list[str]:
+    """Calls whose top-level keys do not follow the order of the schema's `properties` (maskd writes
+    properties in the schema's order; a schema check cannot see order)."""
+    by_name = {anthropic_name(n) if api == "messages" else n: p for n, p in functions.items()}
+    out = []
+    calls = [b for b in answer["blocks"] if b[0] in ("tool_use", "function_call")]
+    for index, (_, name, value) in enumerate(calls):
+        try:
+            value = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            continue
+        declared = list((by_name.get(name) or {}).get("properties") or {})
+        if not isinstance(value, dict) or not declared:
+            continue
+        written = [k for k in value if k in declared]
+        if written != [k for k in declared if k in value]:
+            out.append(f"call {index}: keys {written}, schema order {declared}")
+    return out
+
+
 def differences(plain: dict, streamed: dict) -> list[str]:
     """How a streamed answer differs from its non-streamed twin (ids are not compared)."""
     out = []
