@@ -81,6 +81,8 @@ def _response(state: ServerState, body: ResponsesRequest, rid: str, status: str,
                         "output_tokens_details": {"reasoning_tokens": 0}}
         if finish.reason == "length":
             out["status"], out["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+            if output:  # the item the budget cut
+                out["output"] = output[:-1] + [{**output[-1], "status": "incomplete"}]
     return out
 
 

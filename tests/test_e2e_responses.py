@@ -69,6 +69,7 @@ def test_text_stream_joins_into_output_text(client):
 def test_max_output_tokens_makes_an_incomplete_response(client):
     response = client.responses.create(model=MODEL, input=ASK, max_output_tokens=2, temperature=0)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[-1].status == "incomplete"
 
 
 def test_function_call_output_round_trip_and_previous_response_id(client):
