@@ -130,7 +130,8 @@ def run_schema(clients, model: str, line: int, row: dict, args) -> list[dict]:
         except (anthropic.APIStatusError, openai.APIStatusError) as exc:
             record["error"] = {"status": exc.status_code, "message": str(exc)[:500]}
         except Exception as exc:  # noqa: BLE001 - a failure is a result; the run goes on
-            record["error"] = {"status": None, "message": f"{type(exc).__name__}: {exc}"[:500]}
+            cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+            record["error"] = {"status": None, "message": f"{type(exc).__name__}: {exc}{cause}"[:500]}
         else:
             record["problems"] = verdict(answer, functions, mode)
             record["valid"] = not record["problems"]
@@ -286,7 +287,8 @@ def main() -> None:
                for r in records if any(r.get(label) for label in labels)]
     (RESULTS / "api_bench.json").write_text(json.dumps(
         {"selected": len(rows), "schemas": ran, "requests": len(records), "wall_s": round(wall, 1),
-         "concurrency": args.concurrency, "code": code, "max_tokens": args.max_tokens, "seed": SEED, "renamed_for_messages": renamed, "url": args.url,
+         "concurrency": args.concurrency, "code": code, "max_tokens": args.max_tokens, "seed": SEED,
+         "renamed_for_messages": renamed, "url": args.url,
          "table": table, "flagged": flagged}, indent=2))
     plot(table, records, RESULTS / "api_bench.png")
     print(f"wrote {RESULTS / 'api_bench.json'}, {RESULTS / 'api_bench.png'}, {log_path}")
