@@ -74,27 +74,27 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
             "id": state.model_name, "object": "model", "created": started, "owned_by": "maskd",
             "context_length": state.context_length, "tool_format": state.tool_format}]}
 
+    async def answer(request: Request, body, complete, stream, data_only: bool):
+        """One generation route: a full queue answers 429 before any prompt is rendered; a plain
+        answer is cancelled if its client goes; a stream is SSE (OpenAI's chat and completions send
+        `data:` lines only, Messages and Responses name each event)."""
+        state.engine.check_room()
+        if not body.stream:
+            return await unless_gone(request, complete(state, body))
+        payloads = await stream(state, body)
+        return EventSourceResponse(_as_sse(payloads) if data_only else payloads, ping=15)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        state.engine.check_room()  # a full queue answers 429 before any prompt is rendered
-        if not body.stream:
-            return await unless_gone(request, chat.complete(state, body))
-        payloads = await chat.stream(state, body)
-        return EventSourceResponse(_as_sse(payloads), ping=15)
+        return await answer(request, body, chat.complete, chat.stream, data_only=True)
 
     @app.post("/v1/completions")
     async def text_completions(body: CompletionRequest, request: Request):
-        state.engine.check_room()
-        if not body.stream:
-            return await unless_gone(request, completions.complete_text(state, body))
-        return EventSourceResponse(_as_sse(await completions.stream_text(state, body)), ping=15)
+        return await answer(request, body, completions.complete_text, completions.stream_text, data_only=True)
 
     @app.post("/v1/messages")
     async def anthropic_messages(body: MessagesRequest, request: Request):
-        state.engine.check_room()
-        if not body.stream:
-            return await unless_gone(request, messages.complete(state, body))
-        return EventSourceResponse(await messages.stream(state, body), ping=15)
+        return await answer(request, body, messages.complete, messages.stream, data_only=False)
 
     @app.post("/v1/messages/count_tokens")
     async def anthropic_count_tokens(body: CountTokensRequest):
@@ -102,10 +102,7 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
 
     @app.post("/v1/responses")
     async def openai_responses(body: ResponsesRequest, request: Request):
-        state.engine.check_room()
-        if not body.stream:
-            return await unless_gone(request, responses.complete(state, body))
-        return EventSourceResponse(await responses.stream(state, body), ping=15)
+        return await answer(request, body, responses.complete, responses.stream, data_only=False)
 
     @app.get("/v1/responses/{response_id}")
     async def openai_response(response_id: str):

@@ -75,7 +75,7 @@ async def steps(state: ServerState, prepared: Prepared, events, row: int = 0) ->
                 yield Step([], [], None, Finish("error", event.prompt_tokens, event.completion_tokens,
                                                 event.cached_tokens, error=failure))
                 return
-            yield Step(parts, list(event.token_ids), getattr(event, "logprobs", None), finish)
+            yield Step(parts, list(event.token_ids), event.logprobs, finish)
     finally:
         state.engine.cancel(prepared.requests[row].request_id)  # a no-op once it finished
 
@@ -103,7 +103,7 @@ def _check(prepared: Prepared, parts: list[Part], calls: dict, content: list[str
 
 def _finish(event, has_calls: bool, constrained: bool) -> Finish:
     reason = event.finish_reason
-    stop_string = getattr(event, "stop_string", None)
+    stop_string = event.stop_string
     if reason == "stop" and has_calls:
         reason = "tool_calls"
     elif reason == "stop" and stop_string is not None:
