@@ -154,7 +154,7 @@ class Engine:
             except queue.Empty:
                 return
             if isinstance(item, Request):
-                seq = Sequence(item, self.tokenizer, self.eos_token_ids)
+                seq = Sequence(item, self.tokenizer, self.eos_token_ids, self.runner.device)
                 self._by_id[item.request_id] = seq
                 self.scheduler.add(seq)
             elif isinstance(item, tuple):  # (fn, future) from call()

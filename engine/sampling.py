@@ -34,11 +34,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
 
-    def make_generator(self) -> torch.Generator | None:
-        """Per-request random stream: the same seed gives the same tokens, whatever else runs."""
+    def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
+        """Per-request random stream, on the device that samples (sample() draws from it there):
+        the same seed gives the same tokens, whatever else runs."""
         if self.greedy:
             return None
-        generator = torch.Generator(device="cpu")
+        generator = torch.Generator(device=device)
         generator.manual_seed(self.seed if self.seed is not None else random.getrandbits(63))
         return generator
 
@@ -56,25 +57,62 @@ def apply_logit_bias(logits: torch.Tensor, seqs) -> None:
         logits[row].index_add_(0, *seq.bias)
 
 
-def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits: [V] float (masked entries -inf). Returns the chosen token id."""
-    if params.greedy:
-        return int(torch.argmax(logits))
-    scores = logits.float() / params.temperature  # [V]
-    if params.top_k > 0 and params.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, params.top_k).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=True)  # [V], [V]
-        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
-        drop = cumulative - torch.softmax(sorted_scores, dim=-1) >= params.top_p  # keep the first token past p
-        scores = scores.scatter(0, order[drop], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).cpu()  # [V]
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
-    """logits: [B, V]; one SamplingParams and generator per row. Returns B token ids."""
+    """logits: [B, V] (masked entries -inf); one SamplingParams and generator per row (None for
+    greedy rows). Returns B token ids; the .tolist() is the step's only host sync."""
+    return choose(logits, params, generators).tolist()
+
+
+def choose(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> torch.Tensor:
+    """sample() without the host sync: [B] int64 token ids on the logits' device.
+
+    Batched: per-row temperature, one sort over the rows that ask for top_k/top_p, then one
+    exponential race, argmax(probs / E) with E = -log U ~ Exp(1), which draws from probs exactly as
+    multinomial would. Each row's U [V] comes from its own generator (on the logits' device), V
+    draws per step whatever the batch holds, so a seed gives the same tokens alone or batched."""
     if all(p.greedy for p in params):
-        return torch.argmax(logits, dim=-1).tolist()
-    return [sample_row(logits[i], p, g) for i, (p, g) in enumerate(zip(params, generators))]
+        return torch.argmax(logits, dim=-1)
+    batch, vocab = logits.shape
+    settings = _to_device([[p.temperature, p.top_p, p.top_k] for p in params], logits.device,
+                          torch.float32)  # [B, 3]; top_k as float: exact below 2**24
+    temperature, top_p, top_k = settings.unbind(1)  # [B] each
+    greedy = (temperature <= 0) | (top_k == 1)  # [B], as SamplingParams.greedy
+    scores = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # [B, V]
+    cutting = [row for row, p in enumerate(params) if not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0)]
+    if cutting:  # most requests cut nothing: sort only the rows that do
+        rows = _to_device(cutting, logits.device, torch.int64)  # [B']
+        cut = _cut_top_k_top_p(scores.index_select(0, rows), top_k[rows], top_p[rows])  # [B', V]
+        scores.index_copy_(0, rows, cut)
+    probs = torch.softmax(scores, dim=-1)  # [B, V]; masked and cut tokens exactly 0
+    race = torch.ones_like(probs)  # [B, V]; greedy rows draw nothing (their argmax wins below)
+    for row, (p, generator) in enumerate(zip(params, generators)):
+        if not p.greedy:
+            race[row].uniform_(generator=generator)  # uniform_ + log: several times faster on CPU than exponential_
+    # U inside (0, 1): E finite and > 0, so any allowed token (probs > 0) beats every masked one (0)
+    race = race.clamp_(torch.finfo(race.dtype).tiny, 1 - torch.finfo(race.dtype).eps).log_().neg_()
+    sampled = torch.argmax(probs / race, dim=-1)  # [B]
+    return torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
+
+
+def _to_device(data: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A Python list as a tensor on device, without a host sync: a pageable CUDA copy waits for
+    the queued forward pass, a pinned non_blocking one does not."""
+    table = torch.tensor(data, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
+
+
+def _cut_top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """scores: [B, V]; top_k, top_p: [B] (0 and >= 1.0: no limit). Returns scores with -inf where
+    top_k, then top_p over what top_k kept, cut; the best token always stays. One stable sort:
+    ties keep vocabulary order, so a row's cut does not depend on the batch around it."""
+    vocab = scores.shape[-1]
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)  # [B, V], [B, V]
+    rank = torch.arange(vocab, device=scores.device)  # [V]
+    cut = rank >= torch.where(top_k > 0, top_k, vocab)[:, None]  # [B, V], sorted order
+    probs = torch.softmax(sorted_scores.masked_fill(cut, float("-inf")), dim=-1)  # [B, V]
+    before = probs.cumsum(dim=-1) - probs  # mass of the better tokens: keeps the first token past p
+    cut |= (before >= top_p[:, None]) & (top_p < 1.0)[:, None]  # top_p 1.0: no cut from rounding
+    cut[:, 0] = False  # top_p 0 keeps the best token alone
+    return scores.masked_fill(torch.zeros_like(cut).scatter(1, order, cut), float("-inf"))

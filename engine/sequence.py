@@ -71,11 +71,12 @@ class Request:
 class Sequence:
     """Engine-thread state of one request."""
 
-    def __init__(self, request: Request, tokenizer, stop_token_ids: frozenset[int]):
+    def __init__(self, request: Request, tokenizer, stop_token_ids: frozenset[int],
+                 device: torch.device | str = "cpu"):  # where sampling runs: the generator lives there
         self.request = request
         self.params = request.params
         self.constraint = request.constraint
-        self.generator = request.params.make_generator()
+        self.generator = request.params.make_generator(device)
         self.detokenizer = Detokenizer(tokenizer, request.prompt_ids, request.keep_special_ids)
         self.stops = StopStrings(request.params.stop)
         self.stop_token_ids = frozenset() if request.params.ignore_eos else stop_token_ids
