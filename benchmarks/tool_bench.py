@@ -27,15 +27,14 @@ import re
 import time
 from pathlib import Path
 
-import jsonschema
-
 from engine.constraint_hook import ConstraintMasker
 from engine.engine import Engine
 from engine.model_loader import load_model
 from engine.registry import load_registry
 from grammars import GrammarCompiler, TokenVocabulary
-from grammars.tool_formats import get_tool_format
 from server import chat
+from server.bench.schemas import functions_of  # noqa: F401 - naturalness_bench imports it from here
+from server.bench.tools import check, delimiter_bias
 from server.errors import APIError
 from server.protocol import ChatCompletionRequest
 from server.state import ServerState
@@ -54,34 +53,6 @@ def load_state(grammar_timeout: float = 10.0) -> ServerState:
     engine.start()
     return ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
                        GrammarCompiler(vocabulary, timeout_s=grammar_timeout), vocabulary)
-
-
-def functions_of(schema: dict) -> dict[str, dict]:
-    """BFCL rows are {"<name>": <parameters>} objects, or an anyOf of them (several tools)."""
-    options = schema["anyOf"] if "anyOf" in schema else [schema]
-    return {name: params for option in options for name, params in option["properties"].items()}
-
-
-def check(calls: list[tuple[str, str]], finish: str, functions: dict[str, dict]) -> str:
-    """'valid', or what was wrong. Output cut by max_tokens (budget-aware decoding now closes calls) counts apart."""
-    if finish == "length":
-        return "cut_by_max_tokens"
-    if not calls:
-        return "no_call"
-    for called, arguments in calls:
-        if called not in functions:
-            return "unknown_tool"
-        try:
-            jsonschema.validate(json.loads(arguments), functions[called])
-        except (ValueError, jsonschema.ValidationError):
-            return "invalid_arguments"
-    return "valid"
-
-
-def delimiter_bias(state: ServerState) -> dict[str, float]:
-    """logit_bias favouring the tokens of the model's call-opening delimiter (`<tool_call>`)."""
-    opening = get_tool_format(state.tool_format).open
-    return {str(t): 30.0 for t in state.tokenizer.encode(opening, add_special_tokens=False)}
 
 
 async def run_one(state: ServerState, functions: dict[str, dict], mode: str, stream: bool, max_tokens: int,
@@ -115,7 +86,7 @@ async def run_one(state: ServerState, functions: dict[str, dict], mode: str, str
 async def bench(state: ServerState, rows: list[tuple[int, dict]], max_tokens: int, concurrency: int,
                 plain_auto: bool, log) -> None:
     """Runs each (BFCL line, row) and appends one JSON record per schema to ``log``."""
-    bias = delimiter_bias(state)
+    bias = delimiter_bias(state.tokenizer, state.tool_format)
     gate = asyncio.Semaphore(concurrency)  # schemas in flight at once (the engine batches them)
 
     async def one(i: int, row: dict) -> None:

@@ -1,4 +1,4 @@
-"""The `maskd` command: serve, models, generate."""
+"""The `maskd` command: serve, models, generate, bench."""
 
 from __future__ import annotations
 
@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--seed", type=int, default=None)
     generate.set_defaults(func=cmd_generate)
+    from server.bench.run import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
