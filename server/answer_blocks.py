@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from grammars.tool_formats import ArgsDelta, CallEnd, CallStart, Content
-from server.errors import APIError
-from server.output_stream import Finish, Reasoning
+from server.output_stream import Finish, Reasoning, failure
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,8 @@ def replay(events: list[BlockEvent]) -> list[Block]:
 
 
 async def collect_blocks(stream) -> tuple[list[Block], Finish]:
-    """Reads a step stream to its end into blocks; a failed generation raises a 500 APIError."""
+    """Reads a step stream to its end into blocks; a failed generation raises its APIError (500; 504
+    past the deadline)."""
     builder, events, finish = BlockBuilder(), [], None
     try:
         steps = [step async for step in stream]
@@ -123,5 +123,5 @@ async def collect_blocks(stream) -> tuple[list[Block], Finish]:
         finish = step.finish or finish
     events += builder.finish()
     if finish.reason == "error":
-        raise APIError(f"generation failed: {finish.error}", status=500, type="server_error")
+        raise failure(finish)
     return replay(events), finish

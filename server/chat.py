@@ -9,10 +9,10 @@ import uuid
 from typing import AsyncIterator
 
 from grammars.tool_formats import ArgsDelta, CallStart, Content
-from server.errors import APIError, error_body
+from server.errors import APIError
 from server.generation import GenerationRequest, Prepared, prepare as prepare_job, start as start_job
 from server.logprob_format import chat_logprobs
-from server.output_stream import Collected, Finish, Reasoning, collect, merged, steps
+from server.output_stream import Collected, Finish, Reasoning, collect, failure, merged, steps
 from server.prompt import message_dicts
 from server.protocol import (ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice, ChunkChoice,
                              Delta, FunctionCall, ResponseMessage, ToolCall, Usage)
@@ -120,7 +120,7 @@ async def stream(state: ServerState, body: ChatCompletionRequest) -> AsyncIterat
             yield chunk(row, Delta(role="assistant", content=""))
         async for row, step in merged(rows):
             if step.finish is not None and step.finish.reason == "error":
-                yield json.dumps(error_body(f"generation failed: {step.finish.error}", "server_error"))
+                yield json.dumps(failure(step.finish).body())
                 break
             deltas = [d for d in (_delta(part, row, ids, fmt) for part in step.parts) if d is not None]
             if top is not None and step.logprobs:

@@ -51,7 +51,8 @@ def cmd_serve(args) -> int:
                         context_length=loaded.context_length, tool_format=loaded.spec.tool_format,
                         engine=engine, compiler=compiler, vocabulary=vocabulary,
                         responses=ResponseStore(args.response_store),
-                        default_max_tokens=args.default_max_tokens or None)
+                        default_max_tokens=args.default_max_tokens or None,
+                        max_tokens_cap=args.max_tokens_cap or None, request_timeout=args.request_timeout or None)
     api_key = args.api_key or os.environ.get("MASKD_API_KEY") or None
     app = create_app(state, api_key=api_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),
                      cors_origins=tuple(o for o in args.cors_origins.split(",") if o))
@@ -133,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated origins browsers may call from (e.g. http://localhost:3000); none by default")
     serve.add_argument("--default-max-tokens", type=int, default=4096,
                        help="output tokens of a request that sends no max_tokens (0: the rest of the context)")
+    serve.add_argument("--max-tokens-cap", type=int, default=0,
+                       help="most output tokens a request may ask for; more is a 400 (0: no cap but the context)")
+    serve.add_argument("--request-timeout", type=float, default=600,
+                       help="seconds a request may run before it is cancelled and answered with a 504 "
+                            "(0: no limit)")
     serve.add_argument("--response-store", type=int, default=1000,
                        help="responses kept in memory for previous_response_id (0 keeps none)")
     serve.set_defaults(func=cmd_serve)

@@ -11,10 +11,9 @@ from typing import AsyncIterator
 from pydantic import BaseModel, Field, field_validator
 
 from server.chat import usage_of
-from server.errors import APIError, error_body
 from server.generation import Fields, GenerationRequest, prepare, start
 from server.logprob_format import completion_logprobs
-from server.output_stream import collect, merged, steps
+from server.output_stream import collect, failure, merged, steps
 from server.protocol import SamplingRequest, Usage
 from server.state import ServerState
 
@@ -95,7 +94,7 @@ async def stream_text(state: ServerState, body: CompletionRequest) -> AsyncItera
         finishes, offsets = [None] * len(rows), [0] * len(rows)
         async for row, step in merged(rows):
             if step.finish is not None and step.finish.reason == "error":
-                yield json.dumps(error_body(f"generation failed: {step.finish.error}", "server_error"))
+                yield json.dumps(failure(step.finish).body())
                 break
             text = "".join(part.text for part in step.parts)
             logprobs = completion_logprobs(state, step.logprobs, body.logprobs, offsets[row]) \

@@ -31,7 +31,7 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                   529: "overloaded_error"}
+                   504: "timeout_error", 529: "overloaded_error"}
 
 
 def shaped(request: Request, body: dict, status: int) -> JSONResponse:

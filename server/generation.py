@@ -60,6 +60,7 @@ class Prepared:
     pending: list[PendingTools] = field(default_factory=list)  # tool units still compiling, per request
     fields: Fields = field(default_factory=Fields)
     check: OutputCheck = field(default_factory=OutputCheck)  # validates outputs before they leave
+    deadline: float | None = None  # event-loop time past which the request is cancelled (--request-timeout)
 
     @property
     def request(self) -> Request:
@@ -100,7 +101,13 @@ def prompt_ids_of(state: ServerState, job: GenerationRequest) -> tuple[list[int]
 
 async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
     """Validates the request, renders the prompt and builds its constraints; raises APIError."""
+    deadline = asyncio.get_running_loop().time() + state.request_timeout if state.request_timeout else None
     f, choice = job.fields, job.tool_choice
+    cap = state.max_tokens_cap
+    if cap is not None and job.max_tokens is not None and job.max_tokens > cap:
+        # refused, not clamped: a client that asked for more would read a silent cut as the model's own end
+        raise APIError(f"{f.max_tokens} is {job.max_tokens}, above this server's cap of {cap} output tokens "
+                       f"(--max-tokens-cap); ask for at most {cap}", param=f.max_tokens, code="max_tokens_exceeded")
     names = [tool["function"]["name"] for tool in job.tools or []]
     if choice.mode != "none" and not names:
         raise APIError(f"tool_choice {choice.mode!r} needs tools; send the tools the model may call",
@@ -126,7 +133,8 @@ async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
         outside = next(t for t in bias if t >= state.vocabulary.size or t < 0)
         raise APIError(f"{f.logit_bias}: token id {outside} is outside the vocabulary [0, {state.vocabulary.size})",
                        param=f.logit_bias)
-    params = replace(job.sampling, max_tokens=budget or min(room, state.default_max_tokens or room))
+    default = min(n for n in (room, state.default_max_tokens, cap) if n)  # the cap bounds the default too
+    params = replace(job.sampling, max_tokens=budget or default)
     requests, pending, keep = [], [], frozenset()
     for row in range(job.n):  # each row has its own constraint state; compiled units are shared
         constraint = None
@@ -141,7 +149,7 @@ async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
         requests.append(Request(prompt_ids=prompt_ids, params=row_params, constraint=constraint,
                                 keep_special_ids=keep))
     return Prepared(requests, reads_tools=choice.mode != "none", thinking_open=thinking_open, budget=budget,
-                    room=room, pending=pending, fields=f, check=_output_check(job))
+                    room=room, pending=pending, fields=f, check=_output_check(job), deadline=deadline)
 
 
 def _output_check(job: GenerationRequest) -> OutputCheck:

@@ -10,8 +10,9 @@ from typing import AsyncIterator
 
 from server.anthropic_protocol import MessagesRequest
 from server.answer_blocks import Block, BlockBuilder, Close, Delta, Open, collect_blocks
+from server.errors import ANTHROPIC_TYPES
 from server.generation import Fields, GenerationRequest, prepare, prompt_ids_of, start
-from server.output_stream import Finish, steps
+from server.output_stream import Finish, failure, steps
 from server.state import ServerState
 from server.structured_output import OutputFormat
 
@@ -99,7 +100,8 @@ async def stream(state: ServerState, body: MessagesRequest) -> AsyncIterator[dic
                 started = True
             finish = step.finish
             if finish is not None and finish.reason == "error":
-                yield sse("error", error={"type": "api_error", "message": f"generation failed: {finish.error}"})
+                error = failure(finish)
+                yield sse("error", error={"type": ANTHROPIC_TYPES[error.status], "message": error.message})
                 return
             for event in builder.feed(step.parts) + (builder.finish() if finish else []):
                 for payload in _block_events(event, kinds, sse):

@@ -41,6 +41,14 @@ class Finish:
     budget_forced: bool | None = None  # set for constrained requests (README: maskd_budget_forced)
     stop_string: str | None = None  # the stop sequence that ended the output
     error: str | None = None
+    timed_out: bool = False  # the error is the request's deadline (--request-timeout), not a failure
+
+
+def failure(finish: Finish) -> APIError:
+    """What a request that ended in an error is answered with: a 504 past its deadline, else a 500."""
+    if finish.timed_out:
+        return APIError(finish.error, status=504, type="timeout_error", code="request_timeout")
+    return APIError(f"generation failed: {finish.error}", status=500, type="server_error")
 
 
 @dataclass
@@ -52,13 +60,26 @@ class Step:
 
 
 async def steps(state: ServerState, prepared: Prepared, events, row: int = 0) -> AsyncIterator[Step]:
-    """The steps of one engine request; closing early cancels it (also before its first event)."""
+    """The steps of one engine request; closing early cancels it (also before its first event). Past
+    the request's deadline the engine request is cancelled and the last step is a timed-out error."""
     splitter = prepared.splitter()
     parser = tool_format_of(state).stream_parser() if prepared.reads_tools else None
     calls: dict[int, Call] = {}
     content: list[str] = []
+    counts = (len(prepared.requests[row].prompt_ids), 0, 0)  # prompt, completion, cached: as of the last event
     try:
-        async for event in events:
+        while True:
+            try:
+                async with asyncio.timeout_at(prepared.deadline):  # None: no deadline
+                    event = await anext(events)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:  # the engine's iterator was cancelled at its wait, which cancels the request
+                message = f"the request ran past this server's limit of {state.request_timeout:g} s " \
+                          "(--request-timeout) and was cancelled; ask for fewer tokens or retry later"
+                yield Step([], [], None, Finish("error", *counts, error=message, timed_out=True))
+                return
+            counts = (event.prompt_tokens, event.completion_tokens, event.cached_tokens)
             final = event.finish_reason is not None
             reasoning, answer = splitter.feed(event.text, final=final)
             parts: list[Part] = [Reasoning(reasoning)] if reasoning else []
@@ -70,10 +91,9 @@ async def steps(state: ServerState, prepared: Prepared, events, row: int = 0) ->
                           if not (isinstance(p, Content) and not p.text)]
             finish = _finish(event, bool(calls) or any(isinstance(p, CallStart) for p in parts),
                              prepared.constrained) if final else None
-            failure = _check(prepared, parts, calls, content, finish)
-            if failure is not None:  # withheld: an error takes the place of the rest
-                yield Step([], [], None, Finish("error", event.prompt_tokens, event.completion_tokens,
-                                                event.cached_tokens, error=failure))
+            invalid = _check(prepared, parts, calls, content, finish)
+            if invalid is not None:  # withheld: an error takes the place of the rest
+                yield Step([], [], None, Finish("error", *counts, error=invalid))
                 return
             yield Step(parts, list(event.token_ids), event.logprobs, finish)
     finally:
@@ -156,7 +176,7 @@ async def collect(stream: AsyncIterator[Step]) -> Collected:
     finally:
         await stream.aclose()  # a cancelled request (client gone) cancels its engine request now
     if finish.reason == "error":
-        raise APIError(f"generation failed: {finish.error}", status=500, type="server_error")
+        raise failure(finish)
     return Collected("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)], logprobs, finish)
 
 

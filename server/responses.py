@@ -16,7 +16,7 @@ from typing import AsyncIterator
 from server.answer_blocks import Block, BlockBuilder, Close, Delta, Open, collect_blocks
 from server.errors import APIError
 from server.generation import Fields, GenerationRequest, prepare, start
-from server.output_stream import Finish, steps
+from server.output_stream import Finish, failure, steps
 from server.responses_protocol import ResponsesRequest, chat_messages
 from server.state import ServerState
 
@@ -135,10 +135,11 @@ async def stream(state: ServerState, body: ResponsesRequest) -> AsyncIterator[di
         async for step in steps(state, prepared, events):
             finish = step.finish
             if finish is not None and finish.reason == "error":
-                message = f"generation failed: {finish.error}"
-                yield sse("error", code="server_error", message=message, param=None)
+                error = failure(finish)
+                code = error.code or error.type
+                yield sse("error", code=code, message=error.message, param=None)
                 failed = _response(state, body, rid, "failed", output)
-                failed["error"] = {"code": "server_error", "message": message}
+                failed["error"] = {"code": code, "message": error.message}
                 yield sse("response.failed", response=failed)
                 return
             for event in builder.feed(step.parts) + (builder.finish() if finish else []):

@@ -19,6 +19,8 @@ class ServerState:
     vocabulary: object = None  # grammars.TokenVocabulary
     responses: object = None  # server.responses.ResponseStore (previous_response_id)
     default_max_tokens: int | None = None  # a request without max_tokens gets at most this (None: the context)
+    max_tokens_cap: int | None = None  # a request asking for more output tokens is a 400 (None: no cap)
+    request_timeout: float | None = None  # seconds a request may run before it is cancelled (None: no limit)
 
     def require_model(self, name: str) -> None:
         """The request's `model` must be the one served here (a 404 naming it otherwise)."""
