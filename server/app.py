@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import asynccontextmanager
 
@@ -82,7 +83,10 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
         if not body.stream:
             return await unless_gone(request, complete(state, body))
         payloads = await stream(state, body)
-        return EventSourceResponse(_as_sse(payloads) if data_only else payloads, ping=15)
+        # sse-starlette ends every stream the moment uvicorn gets SIGTERM; a running stream should
+        # finish instead (uvicorn waits for it), which the request's own deadline bounds
+        return EventSourceResponse(_as_sse(payloads) if data_only else payloads, ping=15,
+                                   shutdown_grace_period=state.request_timeout or math.inf)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):

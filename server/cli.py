@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import time
 
@@ -56,6 +57,9 @@ def cmd_serve(args) -> int:
     api_key = args.api_key or os.environ.get("MASKD_API_KEY") or None
     app = create_app(state, api_key=api_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),
                      cors_origins=tuple(o for o in args.cors_origins.split(",") if o))
+    # On SIGTERM uvicorn drains (no new connections; running requests finish: see create_app), then
+    # re-raises the signal so that the process dies by it; a drained stop is a clean one: exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -138,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="most output tokens a request may ask for; more is a 400 (0: no cap but the context)")
     serve.add_argument("--request-timeout", type=float, default=600,
                        help="seconds a request may run before it is cancelled and answered with a 504 "
-                            "(0: no limit)")
+                            "(0: no limit); on SIGTERM, running requests finish within it")
     serve.add_argument("--response-store", type=int, default=1000,
                        help="responses kept in memory for previous_response_id (0 keeps none)")
     serve.set_defaults(func=cmd_serve)
