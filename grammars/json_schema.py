@@ -15,7 +15,8 @@ exponents (except when every bound is 0).  Bounds next to ``multipleOf``, ``anyO
 
 ``anyOf``/``oneOf`` next to ``properties``/``required`` and ``dependencies`` /
 ``dependentRequired`` are rewritten into plain branches where that is sound
-(object_branches.py); the others are refused.
+(object_branches.py); the others are refused.  Any other ``oneOf`` is compiled as ``anyOf``, so it
+is refused unless its branches are provably exclusive (one_of.py).
 
 Whitespace is compact by default (``""``: no whitespace between JSON tokens), so the
 regex has one canonical form per value and no unbounded whitespace runs to loop in.
@@ -41,13 +42,15 @@ from grammars.errors import GrammarError, UnsupportedSchemaError
 from grammars.free_values import fill_free_values, mark_free_values
 from grammars.numeric_bounds import bound_numbers, fill_placeholders
 from grammars.object_branches import lower_object_branches
+from grammars.one_of import check_one_of
 from grammars.schema_normalizer import ANNOTATIONS, normalize_schema
 
 COMPACT_WHITESPACE = ""
 _BOUNDS_LEFT = ("numeric bounds are enforced only on a node with a type and without "
                 "multipleOf/anyOf/oneOf/allOf/$ref/not/if next to them")
 
-# Keyword -> why it is refused (each verified to be ignored by outlines-core 0.2.14).
+# Keyword -> why it is refused (each verified to be ignored by outlines-core 0.2.14). `oneOf` is refused
+# only where its branches may overlap (one_of.py); RELAXABLE_KEYWORDS lists it with these for strict: false.
 UNSUPPORTED_KEYWORDS: dict[str, str] = {
     "not": "negation is not expressible as a regex here",
     "if": "conditional schemas are ignored by the regex compiler",
@@ -73,6 +76,8 @@ UNSUPPORTED_KEYWORDS: dict[str, str] = {
     "$dynamicRef": "dynamic references are not resolved",
     "$recursiveRef": "recursive references are not resolved",
 }
+
+RELAXABLE_KEYWORDS = (*UNSUPPORTED_KEYWORDS, "oneOf")
 
 # Keywords whose value is a sub-schema / map of sub-schemas / list of sub-schemas.
 _SUBSCHEMA = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems")
@@ -151,7 +156,10 @@ def check_schema(schema: dict, ignore_keywords: Iterable[str] = ()) -> None:
 
 def _check_lowered(schema: dict, ignore_keywords: Iterable[str]) -> None:
     """check_schema on a schema lower_object_branches has rewritten already."""
-    _check(bound_numbers(schema)[0], "", frozenset(ignore_keywords))  # bounds it enforces are fine
+    allowed = frozenset(ignore_keywords)
+    _check(bound_numbers(schema)[0], "", allowed)  # bounds it enforces are fine
+    if "oneOf" not in allowed:  # listed: oneOf knowingly compiled as anyOf (exclusivity unenforced)
+        check_one_of(schema)
 
 
 def schema_to_regex(

@@ -152,6 +152,25 @@ def test_unsupported_keyword_error_names_it(client):
     assert "'not'" in err.value.body["message"]
 
 
+def test_a_one_of_whose_branches_overlap_is_a_400_saying_so(client):
+    """oneOf is compiled as anyOf: where 1 would match both branches, the schema is refused up front
+    (never a call the output check has to withhold); strict: false compiles it as anyOf knowingly."""
+    overlapping = {"type": "object", "properties": {"n": {"oneOf": [{"type": "integer"}, {"type": "number"}]}},
+                   "required": ["n"]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": overlapping}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice="required", max_tokens=5)
+    assert err.value.body["param"] == "tools[0].function.parameters"
+    assert "/properties/n/oneOf" in err.value.body["message"] and "use anyOf" in err.value.body["message"]
+    json_schema = {"name": "n", "schema": overlapping}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5,
+                                       response_format={"type": "json_schema", "json_schema": json_schema})
+    assert err.value.body["param"] == "response_format.json_schema.schema" and "oneOf" in err.value.body["message"]
+    client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, response_format={
+        "type": "json_schema", "json_schema": {**json_schema, "strict": False}})
+
+
 def test_response_format_json_schema_validates(client):
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 15},
                                                "population": {"type": "integer"}},
