@@ -115,12 +115,14 @@ class CompileWorker:
         self._proc.stdin.flush()
         self._ready = False
 
-    def build(self, regex: str, timeout_s: float, with_table: bool = False):
+    def build(self, regex: str, timeout_s: float, with_table: bool = False, deadline: float | None = None):
         """Compile ``regex`` in the child; kill it and raise CompileTimeout past the limit.
 
         Returns the Index, or (Index, BudgetTable) with ``with_table`` (grammars/budget.py).
+        ``deadline`` (time.monotonic()): when the limit ends, if it began before this call (the job
+        waited for this worker); by default ``timeout_s`` from now.
         """
-        status, payload = self._run(("index", regex, with_table, *self._table_args), timeout_s, "grammar")
+        status, payload = self._run(("index", regex, with_table, *self._table_args), timeout_s, "grammar", deadline)
         if status != "ok":
             raise GrammarError(
                 f"outlines-core could not build a token index for the regex: {payload}; "
@@ -128,11 +130,13 @@ class CompileWorker:
             )
         return payload
 
-    def schema_regex(self, schema_text: str, ignore_keywords: tuple, free_values: bool, timeout_s: float) -> str:
-        """schema_to_regex in the child, under the same limit: a schema whose expansion explodes
-        (nested oneOf, huge bounds) is killed with the child, never left burning a core."""
+    def schema_regex(self, schema_text: str, ignore_keywords: tuple, free_values: bool, timeout_s: float,
+                     deadline: float | None = None) -> str:
+        """schema_to_regex in the child, under the same limit (and ``deadline``, as in build): a schema
+        whose expansion explodes (nested oneOf, huge bounds) is killed with the child, never left
+        burning a core."""
         status, payload = self._run(("schema", schema_text, tuple(ignore_keywords), free_values), timeout_s,
-                                    "JSON schema into a regex")
+                                    "JSON schema into a regex", deadline)
         if status == "unsupported":
             keyword, path, message = payload
             error = UnsupportedSchemaError(keyword, path)
@@ -142,15 +146,20 @@ class CompileWorker:
             raise GrammarError(payload)
         return payload
 
-    def _run(self, job: tuple, timeout_s: float, what: str):
+    def _run(self, job: tuple, timeout_s: float, what: str, deadline: float | None = None):
+        deadline = time.monotonic() + timeout_s if deadline is None else deadline
         self.start()
         fd = self._proc.stdout.fileno()
         try:
-            if not self._ready:
-                _read(fd, time.monotonic() + _STARTUP_TIMEOUT_S)
+            if time.monotonic() >= deadline:  # spent waiting for this worker: the idle child is kept
+                raise CompileTimeout(timeout_s, what, queued=True)
+            if not self._ready:  # a fresh child (one killed by a limit is replaced at once): its start
+                started = time.monotonic()  # has its own limit, and does not count toward the job's
+                _read(fd, started + _STARTUP_TIMEOUT_S)
                 self._ready = True
+                deadline += time.monotonic() - started
             _write(self._proc.stdin, job)
-            status, payload = _read(fd, time.monotonic() + timeout_s)
+            status, payload = _read(fd, deadline)
         except TimeoutError:
             was_ready = self._ready
             self.kill()

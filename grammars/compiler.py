@@ -7,7 +7,10 @@ the biggest BFCL grammars hold 80-250 MB each); the disk cache holds
 the pickled outlines-core Index and its BudgetTable (``<cache_dir>/<key>.index``; ~1 ms
 per MB to load).
 Misses are compiled in a pool of CompileWorker child processes (one per core by default) with a
-time limit per grammar (see there for why a process and not a thread). ``submit_regex`` starts a
+time limit per grammar (see there for why a process and not a thread). The limit runs from when the
+caller asked (a deadline taken then and passed down), so time spent queued for a thread, for the
+same key's compile in another request, or for a free worker counts: a job still waiting at its
+deadline is a CompileTimeout, and nothing is cached for it. ``submit_regex`` starts a
 compile and returns a future at once, so a request's units compile side by side, and beside its
 prefill; a memory hit is a future already done.
 """
@@ -29,7 +32,7 @@ from typing import Iterable
 
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
-from grammars.errors import GrammarError
+from grammars.errors import CompileTimeout, GrammarError
 from grammars.private_dir import owned_file, private_dir
 from grammars.vocabulary import TokenVocabulary
 
@@ -89,19 +92,24 @@ class GrammarCompiler:
 
     # -- public API ---------------------------------------------------------------------
 
-    def compile_regex(self, regex: str) -> CompiledGrammar:
-        """CompiledGrammar for ``regex`` (cached); raises CompileTimeout past the limit."""
+    def compile_regex(self, regex: str, deadline: float | None = None) -> CompiledGrammar:
+        """CompiledGrammar for ``regex`` (cached); raises CompileTimeout past the limit, which ends at
+        ``deadline`` (time.monotonic()) when given, else timeout_s from now."""
+        deadline = self._deadline() if deadline is None else deadline
         key = self._key(regex)
         hit = self._memory_get(key)
         if hit is not None:
             return hit
-        with self._key_lock(key):  # one compile per key even under concurrent requests
+        lock = self._key_lock(key)
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):  # another request compiles it
+            self._timed_out(CompileTimeout(self.timeout_s, "grammar", queued=True))
+        try:  # one compile per key even under concurrent requests
             hit = self._memory_get(key)
             if hit is not None:
                 return hit
             built = self._disk_get(key)
             if built is None:
-                built = self._build(regex)
+                built = self._build(regex, deadline)
                 self._disk_put(key, built)
             else:
                 self.stats["disk_hits"] += 1
@@ -112,19 +120,25 @@ class GrammarCompiler:
                 grammar.hole_tables()
             self._memory_put(key, grammar)
             return grammar
+        finally:
+            lock.release()
 
     def cached(self, regex: str) -> CompiledGrammar | None:
         """The grammar of ``regex`` if it is in the memory cache (no compile, no disk read)."""
         return self._memory_get(self._key(regex))
 
     def submit_regex(self, regex: str) -> concurrent.futures.Future:
-        """A future of compile_regex(regex): done at once on a memory hit, else compiled in the pool."""
+        """A future of compile_regex(regex): done at once on a memory hit, else compiled in the pool
+        (the limit runs from now, queueing included)."""
         hit = self.cached(regex)
         if hit is not None:
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_result(hit)
             return future
-        return self._threads.submit(self.compile_regex, regex)
+        return self._threads.submit(self.compile_regex, regex, self._deadline())
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout_s
 
     def _key(self, regex: str) -> str:
         return hashlib.sha256(f"{CACHE_VERSION}\0{self.vocabulary.fingerprint}\0{regex}".encode()).hexdigest()
@@ -133,9 +147,12 @@ class GrammarCompiler:
         """CompiledGrammar for a JSON schema (compact whitespace, see json_schema.py)."""
         return self.compile_regex(self.schema_regex(schema, self.ignore_keywords, self.free_values))
 
-    def schema_regex(self, schema: dict | str, ignore_keywords: Iterable[str] = (), free_values: bool = True) -> str:
-        """schema_to_regex(schema), cached, run in a worker process under the time limit: turning a
-        schema into a regex can explode too (nested oneOf), and a thread could not be stopped."""
+    def schema_regex(self, schema: dict | str, ignore_keywords: Iterable[str] = (), free_values: bool = True,
+                     deadline: float | None = None) -> str:
+        """schema_to_regex(schema), cached, run in a worker process under the time limit (ending at
+        ``deadline`` when given): turning a schema into a regex can explode too (nested oneOf), and a
+        thread could not be stopped."""
+        deadline = self._deadline() if deadline is None else deadline
         text = schema if isinstance(schema, str) else json.dumps(schema)  # key order kept: it orders properties
         key = (text, tuple(sorted(ignore_keywords)), free_values)
         with self._lock:
@@ -143,13 +160,11 @@ class GrammarCompiler:
             if regex is not None:
                 self._schema_regex.move_to_end(key)
                 return regex
-        worker = self._idle.get()
+        worker = self._take_worker(deadline, "JSON schema into a regex")
         try:
-            regex = worker.schema_regex(text, key[1], free_values, self.timeout_s)
-        except GrammarError as e:
-            if type(e).__name__ == "CompileTimeout":
-                self.stats["timeouts"] += 1
-            raise
+            regex = worker.schema_regex(text, key[1], free_values, self.timeout_s, deadline)
+        except CompileTimeout as e:
+            self._timed_out(e)
         finally:
             worker.start()  # respawn at once if the limit killed it
             self._idle.put(worker)
@@ -162,7 +177,7 @@ class GrammarCompiler:
     async def schema_regex_async(self, schema: dict | str, ignore_keywords: Iterable[str] = (),
                                  free_values: bool = True) -> str:
         return await asyncio.wrap_future(self._threads.submit(self.schema_regex, schema, ignore_keywords,
-                                                              free_values))
+                                                              free_values, self._deadline()))
 
     def json_automaton(self):
         """The vocabulary's JSON-value automaton (grammars/json_value.py): built, or read from the
@@ -183,7 +198,7 @@ class GrammarCompiler:
         return JsonValueMatcher(self.json_automaton(), top="object")
 
     async def compile_regex_async(self, regex: str) -> CompiledGrammar:
-        return await asyncio.to_thread(self.compile_regex, regex)
+        return await asyncio.to_thread(self.compile_regex, regex, self._deadline())
 
     async def compile_json_schema_async(self, schema: dict | str) -> CompiledGrammar:
         return await asyncio.to_thread(self.compile_json_schema, schema)
@@ -203,20 +218,31 @@ class GrammarCompiler:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _build(self, regex: str):
-        worker = self._idle.get()
+    def _build(self, regex: str, deadline: float):
+        worker = self._take_worker(deadline, "grammar")
         started = time.perf_counter()
         try:
             self.stats["compiles"] += 1
-            return worker.build(regex, self.timeout_s, with_table=True)
-        except GrammarError as e:
-            if type(e).__name__ == "CompileTimeout":
-                self.stats["timeouts"] += 1
-            raise
+            return worker.build(regex, self.timeout_s, with_table=True, deadline=deadline)
+        except CompileTimeout as e:
+            self._timed_out(e)
         finally:
             self.stats["compile_seconds"] += time.perf_counter() - started
             worker.start()  # respawn at once if the compile killed it
             self._idle.put(worker)
+
+    def _take_worker(self, deadline: float, what: str) -> CompileWorker:
+        """An idle worker, waiting for one at most until the deadline (then CompileTimeout)."""
+        try:
+            if time.monotonic() >= deadline:  # spent queued for a thread or for this key's lock
+                raise queue.Empty
+            return self._idle.get(timeout=deadline - time.monotonic())
+        except queue.Empty:
+            self._timed_out(CompileTimeout(self.timeout_s, what, queued=True))
+
+    def _timed_out(self, error: CompileTimeout):
+        self.stats["timeouts"] += 1
+        raise error from None
 
     def _key_lock(self, key: str) -> threading.Lock:
         with self._lock:

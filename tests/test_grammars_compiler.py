@@ -99,3 +99,33 @@ def test_property_order_is_part_of_a_schemas_regex():
         ba = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}, "required": ["a", "b"]}
         assert compiler.schema_regex(ab) == schema_to_regex(ab, free_values=True)
         assert compiler.schema_regex(ba) == schema_to_regex(ba, free_values=True) != compiler.schema_regex(ab)
+
+
+def test_waiting_for_a_busy_pool_counts_toward_the_limit():
+    """The limit runs from when the unit was asked for: a job still queued behind another request's
+    compile when it ends is a CompileTimeout that says so, and nothing is cached for it."""
+    with GrammarCompiler(smollm2_vocabulary(), timeout_s=60, workers=1) as compiler:
+        compiler.compile_regex("[0-9]")  # the worker is up
+        busy = compiler._idle.get()  # the only worker, held as another request's long compile holds it
+        compiler.timeout_s = 0.2
+        future = compiler.submit_regex("[a-z]+")
+        error = future.exception(timeout=60)  # before the fix: it waited for the worker with no limit
+        assert isinstance(error, CompileTimeout) and error.queued
+        assert "0.2 s limit" in str(error) and "busy" in str(error) and "--grammar-workers" in str(error)
+        with pytest.raises(CompileTimeout, match="did not start within the 0.2 s limit"):
+            compiler.schema_regex({"type": "boolean"})  # schema -> regex waits for the same workers
+        assert compiler.stats["timeouts"] == 2 and compiler.cached("[a-z]+") is None
+        compiler._idle.put(busy)  # the other compile is done: the pool serves on, within the limit
+        compiler.timeout_s = 60
+        assert compiler.compile_regex("[a-z]+").regex == "[a-z]+"
+
+
+def test_a_deadline_already_past_compiles_nothing():
+    """A job whose limit ended while it waited (for a thread, or the same schema's compile elsewhere)
+    is refused before any worker starts on it; the idle worker is kept."""
+    with GrammarCompiler(smollm2_vocabulary(), timeout_s=60, workers=1) as compiler:
+        compiler.compile_regex("[0-9]")
+        with pytest.raises(CompileTimeout) as info:
+            compiler.compile_regex("[a-z]+", deadline=0.0)  # time.monotonic() is past it
+        assert info.value.queued and compiler.stats["compiles"] == 1 and compiler.cached("[a-z]+") is None
+        assert compiler.compile_regex("[a-z]+").regex == "[a-z]+"
