@@ -109,3 +109,24 @@ def test_the_cap_bounds_the_default_and_allows_up_to_itself(tiny_model, smollm_t
         at_cap = http.post("/v1/chat/completions", json={
             "model": "tiny", "messages": USER, "ignore_eos": True, "max_tokens": 6})
         assert at_cap.status_code == 200 and at_cap.json()["usage"]["completion_tokens"] == 6
+
+
+def test_the_sdks_raise_the_timeout_plain_and_streamed(stalled):
+    import anthropic
+    import openai
+    http, _ = stalled
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http, max_retries=0)
+    with pytest.raises(openai.APIStatusError, match="--request-timeout") as plain:
+        client.chat.completions.create(model="tiny", messages=USER, max_tokens=50)
+    assert plain.value.status_code == 504
+    with pytest.raises(openai.APIError, match="--request-timeout"):
+        for _ in client.chat.completions.create(model="tiny", messages=USER, max_tokens=50, stream=True):
+            pass
+    claude = anthropic.Anthropic(base_url="http://testserver", api_key="-", http_client=http, max_retries=0)
+    with pytest.raises(anthropic.APIStatusError, match="--request-timeout") as plain:
+        claude.messages.create(model="tiny", messages=USER, max_tokens=50)
+    assert plain.value.status_code == 504
+    with pytest.raises(anthropic.APIError, match="--request-timeout"):
+        with claude.messages.stream(model="tiny", messages=USER, max_tokens=50) as stream:
+            for _ in stream:
+                pass
