@@ -49,8 +49,8 @@ COMPACT_WHITESPACE = ""
 _BOUNDS_LEFT = ("numeric bounds are enforced only on a node with a type and without "
                 "multipleOf/anyOf/oneOf/allOf/$ref/not/if next to them")
 
-# Keyword -> why it is refused (each verified to be ignored by outlines-core 0.2.14). `oneOf` is refused
-# only where its branches may overlap (one_of.py); RELAXABLE_KEYWORDS lists it with these for strict: false.
+# Keyword -> why it is refused (each verified to be ignored by outlines-core 0.2.14). (`oneOf` is refused
+# only where its branches may overlap: one_of.py.)
 UNSUPPORTED_KEYWORDS: dict[str, str] = {
     "not": "negation is not expressible as a regex here",
     "if": "conditional schemas are ignored by the regex compiler",
@@ -76,8 +76,6 @@ UNSUPPORTED_KEYWORDS: dict[str, str] = {
     "$dynamicRef": "dynamic references are not resolved",
     "$recursiveRef": "recursive references are not resolved",
 }
-
-RELAXABLE_KEYWORDS = (*UNSUPPORTED_KEYWORDS, "oneOf")
 
 # Keywords whose value is a sub-schema / map of sub-schemas / list of sub-schemas.
 _SUBSCHEMA = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems")

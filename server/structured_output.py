@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError
-from grammars.json_schema import RELAXABLE_KEYWORDS
+from grammars.json_schema import UNSUPPORTED_KEYWORDS
 from server.errors import APIError
 from server.state import ServerState
 
@@ -21,8 +21,8 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
     """A Matcher for the output format; `fields` (generation.Fields) names the API's fields in errors.
 
     `strict: false` on a json_schema relaxes only the keywords a regex cannot express (listed in
-    grammars/json_schema.py; a oneOf whose branches may overlap is then compiled as anyOf); everything
-    else in the schema is still enforced. Otherwise an unsupported keyword is a 400 that names it.
+    grammars/json_schema.py); everything else in the schema is still enforced. Otherwise an
+    unsupported keyword is a 400 that names it.
     """
     if fmt.kind == "json_object":
         return state.compiler.json_object_matcher()  # the shared automaton, built at startup
@@ -30,7 +30,7 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
     if fmt.schema is None:
         raise APIError("a json_schema output format needs its schema", param=param)
     try:
-        ignore = RELAXABLE_KEYWORDS if fmt.strict is False else ()
+        ignore = UNSUPPORTED_KEYWORDS if fmt.strict is False else ()
         regex = await state.compiler.schema_regex_async(fmt.schema, ignore)  # in a worker, under the limit
         grammar = await state.compiler.compile_regex_async(regex)
     except UnsupportedSchemaError as exc:

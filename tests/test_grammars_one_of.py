@@ -76,7 +76,7 @@ def test_overlapping_branches_are_refused_saying_how_to_fix_it(schema, path):
 
 
 def test_overlapping_one_of_is_compiled_as_any_of_when_listed_as_ignored():
-    """strict: false (server/structured_output.py) relaxes it like the other refused keywords."""
+    """The library's explicit opt-out (the server never passes it: not even strict: false relaxes it)."""
     schema = {"oneOf": [INT, {"type": "number"}]}
     regex = re.compile(schema_to_regex(schema, ignore_keywords=["oneOf"]))
     assert regex.fullmatch("1") and regex.fullmatch("1.5")
