@@ -66,28 +66,28 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list)
 def choose(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> torch.Tensor:
     """sample() without the host sync: [B] int64 token ids on the logits' device.
 
-    Batched: per-row temperature, one sort over the rows that ask for top_k/top_p, then one
-    exponential race, argmax(probs / E) with E = -log U ~ Exp(1), which draws from probs exactly as
-    multinomial would. Each row's U [V] comes from its own generator (on the logits' device), V
-    draws per step whatever the batch holds, so a seed gives the same tokens alone or batched."""
+    Batched: per-row temperature; one topk over the rows with a top_k and one sort over those
+    with only a top_p (_cut_groups); then one exponential race, argmax(probs / E) with E = -log U ~
+    Exp(1), which draws from probs exactly as multinomial would. Each row's U [V] comes from its
+    own generator (on the logits' device), V draws per step whatever the batch holds, so a seed
+    gives the same tokens alone or batched."""
     if all(p.greedy for p in params):
         return torch.argmax(logits, dim=-1)
-    batch, vocab = logits.shape
+    vocab = logits.shape[-1]
     settings = _to_device([[p.temperature, p.top_p, p.top_k] for p in params], logits.device,
                           torch.float32)  # [B, 3]; top_k as float: exact below 2**24
     temperature, top_p, top_k = settings.unbind(1)  # [B] each
     greedy = (temperature <= 0) | (top_k == 1)  # [B], as SamplingParams.greedy
     scores = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # [B, V]
-    cutting = [row for row, p in enumerate(params) if not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0)]
-    if cutting:  # most requests cut nothing: sort only the rows that do
-        rows = _to_device(cutting, logits.device, torch.int64)  # [B']
-        cut = _cut_top_k_top_p(scores.index_select(0, rows), top_k[rows], top_p[rows])  # [B', V]
+    for group, width in _cut_groups(params, vocab):  # most requests cut nothing: no sort for them
+        rows = _to_device(group, logits.device, torch.int64)  # [B']
+        cut = _cut_top_k_top_p(scores.index_select(0, rows), top_k[rows], top_p[rows], width)  # [B', V]
         scores.index_copy_(0, rows, cut)
     probs = torch.softmax(scores, dim=-1)  # [B, V]; masked and cut tokens exactly 0
     race = torch.ones_like(probs)  # [B, V]; greedy rows draw nothing (their argmax wins below)
     for row, (p, generator) in enumerate(zip(params, generators)):
         if not p.greedy:
-            race[row].uniform_(generator=generator)  # uniform_ + log: several times faster on CPU than exponential_
+            race[row].uniform_(generator=generator)  # uniform_ then log: on CPU far faster than exponential_
     # U inside (0, 1): E finite and > 0, so any allowed token (probs > 0) beats every masked one (0)
     race = race.clamp_(torch.finfo(race.dtype).tiny, 1 - torch.finfo(race.dtype).eps).log_().neg_()
     sampled = torch.argmax(probs / race, dim=-1)  # [B]
@@ -103,16 +103,36 @@ def _to_device(data: list, device: torch.device, dtype: torch.dtype) -> torch.Te
     return table.to(device)
 
 
-def _cut_top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """scores: [B, V]; top_k, top_p: [B] (0 and >= 1.0: no limit). Returns scores with -inf where
-    top_k, then top_p over what top_k kept, cut; the best token always stays. One stable sort:
-    ties keep vocabulary order, so a row's cut does not depend on the batch around it."""
-    vocab = scores.shape[-1]
-    sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)  # [B, V], [B, V]
-    rank = torch.arange(vocab, device=scores.device)  # [V]
-    cut = rank >= torch.where(top_k > 0, top_k, vocab)[:, None]  # [B, V], sorted order
-    probs = torch.softmax(sorted_scores.masked_fill(cut, float("-inf")), dim=-1)  # [B, V]
+def _cut_groups(params: list[SamplingParams], vocab: int) -> list[tuple[list[int], int]]:
+    """The sampled rows that cut, as (rows, width) groups: those with a top_k share one topk of
+    their largest k (on CPU far cheaper than a sort), those with only a top_p one full sort."""
+    with_k = [row for row, p in enumerate(params) if not p.greedy and 0 < p.top_k < vocab]
+    only_p = [row for row, p in enumerate(params)
+              if not p.greedy and not 0 < p.top_k < vocab and p.top_p < 1.0]
+    groups = []
+    if with_k:
+        groups.append((with_k, max(params[row].top_k for row in with_k)))
+    if only_p:
+        groups.append((only_p, vocab))
+    return groups
+
+
+def _cut_top_k_top_p(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     width: int) -> torch.Tensor:
+    """scores: [B, V]; top_k, top_p: [B] (0 and >= 1.0: no limit); width: the most tokens a row
+    keeps (V unless every row has a top_k below V). Returns scores with -inf below each row's
+    cut: top_k, then top_p over what top_k kept (the first token past p stays, the best one
+    always). The cut is a score threshold, so tokens tied with the last kept one stay too and no
+    row depends on how a sort or topk orders ties, which may change with the batch around it."""
+    if width < scores.shape[-1]:
+        best = torch.topk(scores, width, dim=-1).values  # [B, W], descending
+    else:
+        best = torch.sort(scores, dim=-1, descending=True).values  # [B, V]
+    rank = torch.arange(width, device=scores.device)  # [W]
+    cut = rank >= torch.where(top_k > 0, top_k, width)[:, None]  # [B, W]
+    probs = torch.softmax(best.masked_fill(cut, float("-inf")), dim=-1)  # [B, W]
     before = probs.cumsum(dim=-1) - probs  # mass of the better tokens: keeps the first token past p
     cut |= (before >= top_p[:, None]) & (top_p < 1.0)[:, None]  # top_p 1.0: no cut from rounding
-    cut[:, 0] = False  # top_p 0 keeps the best token alone
-    return scores.masked_fill(torch.zeros_like(cut).scatter(1, order, cut), float("-inf"))
+    kept = (~cut).sum(dim=-1).clamp_min(1)  # [B]; the kept ranks are a prefix; top_p 0 keeps one
+    threshold = best.gather(1, (kept - 1)[:, None])  # [B, 1]: the last kept score
+    return scores.masked_fill(scores < threshold, float("-inf"))

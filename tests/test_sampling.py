@@ -29,12 +29,14 @@ def test_same_seed_same_tokens_other_seed_other_tokens():
 
 
 @pytest.mark.parametrize("target", [SamplingParams(temperature=1.0, seed=7),  # no cut, batched with cuts
-                                    SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7)])
+                                    SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7),
+                                    SamplingParams(temperature=1.1, top_p=0.7, seed=7)])
 def test_a_seeded_row_draws_the_same_alone_and_in_a_mixed_batch(target):
     others = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, top_p=0.8, seed=1),
-              SamplingParams(temperature=1.3, top_k=3, seed=2), SamplingParams(top_k=1)]
+              SamplingParams(temperature=1.3, top_k=300, seed=2), SamplingParams(top_k=1)]
     alone_gen = target.make_generator()
     batch_params = [others[0], others[1], target, others[2], others[3]]  # the seeded row third of 5
+    # batched, a top_k target shares a topk 300 wide, a top_p one a sort, a cut-free one is beside both
     batch_gens = [p.make_generator() for p in batch_params]
     alone, batched = [], []
     for step in range(30):
@@ -43,7 +45,7 @@ def test_a_seeded_row_draws_the_same_alone_and_in_a_mixed_batch(target):
         tokens = sample(logits, batch_params, batch_gens)
         batched.append(tokens[2])
         assert tokens[0] == logits[0].argmax() and tokens[4] == logits[4].argmax()  # greedy rows
-        assert tokens[3] in torch.topk(logits[3], 3).indices.tolist()
+        assert tokens[3] in torch.topk(logits[3], 300).indices.tolist()
     assert alone == batched and len(set(alone)) > 10
 
 
@@ -77,6 +79,13 @@ def test_top_k_2_never_leaves_the_top_2():
     allowed = set(torch.topk(logits, 2).indices.tolist())
     draws = _draws(SamplingParams(temperature=1.0, top_k=2, seed=4), logits, n=300)
     assert set(draws) == allowed
+
+
+def test_top_k_keeps_the_tokens_tied_with_the_kth():
+    logits = torch.full((1000,), -5.0)
+    logits[[10, 20, 30, 40]] = torch.tensor([3.0, 2.0, 2.0, 2.0])  # ranks 2-4 tied
+    draws = _draws(SamplingParams(temperature=1.0, top_k=2, seed=6), logits, n=300)
+    assert set(draws) == {10, 20, 30, 40}  # a threshold, not a tie order: the same in any batch
 
 
 def test_top_p_keeps_the_nucleus_only():
