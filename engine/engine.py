@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import sys
 import threading
@@ -21,6 +22,7 @@ from engine.radix_cache import RadixCache
 from engine.sampling import apply_logit_bias, sample
 from engine.scheduler import QueueFull, Scheduler
 from engine.sequence import Event, Request, Sequence
+from engine.slot_cache import KVShape, MaskLayout, SlotCache
 
 log = logging.getLogger("maskd.engine")
 
@@ -31,9 +33,16 @@ LogitsHook = Callable[[torch.Tensor, list[Sequence]], None]
 class Engine:
     def __init__(self, model, tokenizer, device: torch.device, eos_token_ids: frozenset[int],
                  context_length: int, max_batch: int = 8, logits_hooks: list[LogitsHook] | None = None,
-                 prefill_chunk: int = 512, max_waiting: int = 64, prefix_cache_bytes: int = 0):
+                 prefill_chunk: int = 512, max_waiting: int = 64, prefix_cache_bytes: int = 0,
+                 kv_cache_bytes: int | None = None, forced_extend: bool = True):
+        if max_batch < 1:
+            raise ValueError(f"max_batch ({max_batch}) must be >= 1")
         self.tokenizer = tokenizer
         self.runner = ModelRunner(model, device)
+        shape = KVShape.probe(model, device)
+        if kv_cache_bytes is None:
+            kv_cache_bytes = default_kv_budget(device, shape, max_batch, context_length)
+        slots = SlotCache(shape, MaskLayout.of(model.config), device, max_batch, context_length, kv_cache_bytes)
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.max_batch = max_batch
@@ -41,7 +50,7 @@ class Engine:
         self.logits_hooks = list(logits_hooks or [])
         self.metrics = EngineMetrics()
         prefix_cache = RadixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self.scheduler = Scheduler(self.runner, max_batch, prefill_chunk, prefix_cache, self.metrics)
+        self.scheduler = Scheduler(self.runner, slots, prefill_chunk, prefix_cache, self.metrics, extend=forced_extend)
         self.metrics.watch(self.scheduler)
         self._inbox: queue.SimpleQueue[Request | int | Callable] = queue.SimpleQueue()
         self._submit_lock = threading.Lock()
@@ -80,8 +89,17 @@ class Engine:
             self.metrics.rejected.inc()
             raise QueueFull(f"{self.max_waiting} requests are already waiting; retry later or raise --max-waiting")
 
+    def check_fits(self, prompt_tokens: int) -> None:
+        """Raises PromptTooLong when a prompt of this many tokens can never run here (the server
+        answers 400): its KV alone exceeds the KV budget or the context."""
+        why = self.scheduler.never_fits(prompt_tokens)
+        if why is not None:
+            raise PromptTooLong(why)
+
     def submit(self, request: Request) -> None:
-        """Queues request; raises QueueFull when max_waiting requests already wait for admission."""
+        """Queues request; raises QueueFull when max_waiting requests already wait for admission,
+        PromptTooLong when it can never run."""
+        self.check_fits(len(request.prompt_ids))
         with self._submit_lock:
             self.check_room()
             request.submitted_at = time.perf_counter()
@@ -141,11 +159,10 @@ class Engine:
                 continue
             try:
                 self.step()
-            except Exception as exc:  # a broken step fails its requests, never the server
+            except Exception as exc:  # a broken step fails its running requests, never the server
                 log.exception("engine step failed")
-                for seq in self._running + list(self._waiting):
+                for seq in self._running:
                     self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
-                self.scheduler.reset_batch()
 
     def _drain_inbox(self) -> None:
         while True:
@@ -181,8 +198,7 @@ class Engine:
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """logits: [B, V], one row per seq. Samples, then appends each row's token."""
         for seq in seqs:
-            seq.tokens_left = min(seq.params.max_tokens - len(seq.output_ids),
-                                  self.context_length - seq.num_tokens)
+            seq.tokens_left = min(seq.params.max_tokens - len(seq.output_ids), seq.capacity - seq.num_tokens)
         apply_logit_bias(logits, seqs)
         apply_penalties(logits, seqs)  # before the hooks: a masked token stays masked
         for hook in self.logits_hooks:
@@ -231,7 +247,7 @@ class Engine:
         if reason is None:
             if seq.constraint is not None and seq.constraint.is_terminated():
                 reason = "stop"
-            elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.context_length:
+            elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= seq.capacity:
                 closed = seq.constraint is not None and seq.constraint.closed()
                 reason = "stop" if closed else "length"  # a structure closed by the budget is not cut
         logprobs = [logprob] if logprob is not None else None
@@ -249,3 +265,22 @@ class Engine:
         self.scheduler.release(seq, keep_kv=reason != "error")
         self.metrics.finished(seq, reason)
         seq.request.emit(seq.event(token_ids or [], text, error=error, logprobs=logprobs))
+
+
+class PromptTooLong(ValueError):
+    """A prompt whose KV can never fit the KV budget or the context; the server answers 400."""
+
+
+def default_kv_budget(device: torch.device, shape: KVShape, max_batch: int, context_length: int) -> int:
+    """What --kv-cache-mb defaults to: room for every row at full context where memory allows it,
+    else 80% of the accelerator's free memory (after the weights) or a quarter of the host's
+    available memory."""
+    full = max_batch * context_length * shape.bytes_per_token
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return min(full, int(free * 0.8))
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        available = 8 << 30
+    return min(full, available // 4)

@@ -41,7 +41,7 @@ class EngineMetrics:
         self.cache_tokens = Gauge("maskd_prefix_cache_tokens", "Tokens held by the prefix cache", registry=r)
         self.cache_hit_ratio = Gauge("maskd_prefix_cache_hit_ratio",
                                      "Matched / looked-up prompt tokens since start", registry=r)
-        self.batch_bytes = Gauge("maskd_batch_cache_bytes", "KV bytes of the running batch", registry=r)
+        self.batch_bytes = Gauge("maskd_batch_cache_bytes", "KV bytes allocated for the running rows (SlotCache tensors)", registry=r)
         self.ttft = Histogram("maskd_time_to_first_token_seconds", "Submit to first token",
                               buckets=_TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("maskd_time_per_output_token_seconds",
@@ -51,7 +51,7 @@ class EngineMetrics:
         """Gauges that read the scheduler's state when scraped (plain int reads, safe off-thread)."""
         self.running.set_function(lambda: scheduler.num_running)
         self.waiting.set_function(lambda: len(scheduler.waiting))
-        self.batch_bytes.set_function(scheduler.batch.nbytes)
+        self.batch_bytes.set_function(scheduler.slots.nbytes)
         cache = scheduler.prefix_cache
         if cache is not None:
             self.cache_bytes.set_function(lambda: cache.size_bytes)

@@ -1,13 +1,12 @@
-"""Forward passes: a chunk of one newcomer's prompt, or one token for every running row at once."""
+"""Forward passes over a range of row slots, each slot feeding its own number of new tokens."""
 
 from __future__ import annotations
 
 import inspect
 
 import torch
-from transformers import DynamicCache
 
-from engine.batch_cache import BatchCache
+from engine.slot_cache import SlotCache
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
@@ -23,21 +22,16 @@ class ModelRunner:
         self._cache_kwarg = cache_kwarg(model)
 
     @torch.inference_mode()
-    def prefill(self, cache: DynamicCache, token_ids: list[int]) -> torch.Tensor:
-        """Runs token_ids [T] on top of a batch-size-1 cache (no padding; positions continue from its
-        length); returns logits [1, V] of the last token."""
-        ids = torch.tensor([token_ids], device=self.device)  # [1, T]
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
-        self.forward_passes += 1
-        return out.logits[:, -1]  # [1, V]
-
-    @torch.inference_mode()
-    def decode(self, batch: BatchCache, token_ids: list[int]) -> torch.Tensor:
-        """Feeds one token per row (token_ids [B], row order); returns logits [B, V]."""
-        ids = torch.tensor(token_ids, device=self.device).unsqueeze(1)  # [B, 1]
-        inputs = batch.step_inputs()
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                         **{self._cache_kwarg: batch.cache}, **inputs)
-        batch.advance(inputs["attention_mask"])
+    def forward(self, slots: SlotCache, lo: int, tokens: list[list[int]]) -> torch.Tensor:
+        """Feeds tokens[b] to slot lo + b (a prompt chunk, one sampled token, or a sampled token and
+        the run the grammar forced after it; [] for a slot that does not step). Returns logits
+        [B, V] of each slot's last new token (rows that fed nothing get meaningless logits)."""
+        inputs = slots.begin(lo, lo + len(tokens), tokens)
+        try:
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: slots})
+        except BaseException:
+            slots.end(completed=False)
+            raise
+        slots.end()
         self.forward_passes += 1
         return out.logits[:, -1]  # [B, V]

@@ -24,6 +24,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted from the logit of every token already in the output
     frequency_penalty: float = 0.0  # times the token's count in the output, subtracted (penalties.py)
     logprobs: int | None = None  # None: off; 0: the chosen token's; k: also the top k (logprobs.py)
+    forced_extend: bool = True  # feed a run of grammar-forced tokens in one forward pass (scheduler.py)
 
     def __post_init__(self):
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:

@@ -83,7 +83,8 @@ class Sequence:
         self.stop_token_ids |= frozenset(request.params.stop_token_ids)
         self.output_ids: list[int] = []
         self.next_input: list[int] = list(request.prompt_ids)  # tokens not yet run through the model
-        self.cache = None  # batch-size-1 KV while prefilling; then the row lives in the BatchCache
+        self.slot: int | None = None  # the SlotCache slot holding this request's KV, from admission on
+        self.capacity: int | None = None  # tokens (prompt + output) its slot may hold; set at admission
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
         self.prefix_node = None  # the prefix cache node this request locks (engine.radix_cache.RadixNode)
         self.tokens_left = request.params.max_tokens  # set by the engine before each step's masks

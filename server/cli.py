@@ -29,7 +29,9 @@ def _load(args):
     engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids,
                     loaded.context_length, max_batch=args.max_batch, logits_hooks=[masker],
                     prefill_chunk=args.prefill_chunk, max_waiting=args.max_waiting,
-                    prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)))
+                    prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
+                    kv_cache_bytes=int(args.kv_cache_mb * (1 << 20)) if args.kv_cache_mb else None,
+                    forced_extend=not args.no_forced_extend)
     return loaded, engine
 
 
@@ -109,6 +111,12 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
                         help="most requests queued for admission; more get HTTP 429")
     parser.add_argument("--prefix-cache-mb", type=float, default=512,
                         help="KV memory budget of the shared prefix cache in MiB (0 disables it)")
+    parser.add_argument("--kv-cache-mb", type=float, default=None,
+                        help="KV memory budget of the running rows in MiB (default: every row at full context "
+                             "where free memory allows, else 80%% of free GPU memory / 25%% of available RAM); "
+                             "admission waits while it is full, a prompt that can never fit is a 400")
+    parser.add_argument("--no-forced-extend", action="store_true",
+                        help="feed grammar-forced tokens one forward pass each instead of one pass per run")
     parser.add_argument("--allow-download", action="store_true",
                         help="let transformers fetch weights from the Hugging Face hub")
 

@@ -120,6 +120,9 @@ async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
                        f"{f.format}", param=f.format)
     prompt_ids, thinking_open = await asyncio.to_thread(prompt_ids_of, state, job)
     room = state.context_length - len(prompt_ids)
+    too_long = state.engine.scheduler.never_fits(len(prompt_ids))
+    if too_long is not None:
+        raise APIError(too_long, param=f.messages, code="context_length_exceeded")
     if room <= 0:
         raise APIError(f"the prompt is {len(prompt_ids)} tokens, the model's context is {state.context_length}; "
                        "shorten it", param=f.messages, code="context_length_exceeded")

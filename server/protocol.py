@@ -86,6 +86,7 @@ class SamplingRequest(_Open):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # maskd extension, for benchmarks
+    forced_extend: bool = True  # maskd extension: false feeds grammar-forced tokens one pass each
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias added to its logit
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -113,7 +114,7 @@ class SamplingRequest(_Open):
         """The engine's parameters (max_tokens is set by generation.prepare)."""
         return SamplingParams(max_tokens=0, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               seed=self.seed, stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
-                              ignore_eos=self.ignore_eos,
+                              ignore_eos=self.ignore_eos, forced_extend=self.forced_extend,
                               logit_bias={int(key): value for key, value in (self.logit_bias or {}).items()},
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               logprobs=logprobs)

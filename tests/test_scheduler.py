@@ -83,10 +83,10 @@ def test_batched_greedy_equals_serial_with_rows_joining_mid_flight(tiny_model, s
     sizes = []
     while not all(driver.done(r) for r in [first, *rest]):
         driver.step()
-        sizes.append(driver.engine.scheduler.batch.batch_size)
+        sizes.append(len(driver.engine.scheduler.rows))
     assert [driver.tokens(r) for r in [first, *rest]] == serial
     assert max(sizes) == 4, "all four rows should have decoded together"
-    assert driver.engine.scheduler.batch.batch_size == 0
+    assert len(driver.engine.scheduler.rows) == 0
 
 
 def test_seeded_sampling_is_per_row(tiny_model, smollm_tokenizer):
@@ -124,16 +124,16 @@ def test_cancel_frees_the_row_and_the_prefix_lock_within_one_step(tiny_model, sm
     keep, drop = driver.submit(a, max_tokens=50), driver.submit(b, max_tokens=50)
     for _ in range(4):
         driver.step()
-    assert driver.engine.scheduler.batch.batch_size == 2
+    assert len(driver.engine.scheduler.rows) == 2
     driver.engine.cancel(drop.request_id)
     driver.step()
     assert driver.last(drop).finish_reason == "cancelled"
-    assert driver.engine.scheduler.batch.batch_size == 1 and driver.engine._running[0].request is keep
+    assert len(driver.engine.scheduler.rows) == 1 and driver.engine._running[0].request is keep
     cache = driver.engine.scheduler.prefix_cache
     assert sum(c.lock_ref for c in cache.root.children.values()) == 1  # only `keep` still locks
     driver.engine.cancel(keep.request_id)
     driver.step()
-    assert driver.engine.scheduler.batch.batch_size == 0 and cache.evictable_bytes == cache.size_bytes
+    assert len(driver.engine.scheduler.rows) == 0 and cache.evictable_bytes == cache.size_bytes
 
 
 def test_prefix_cache_hit_gives_identical_output_and_reports_cached_tokens(tiny_model, smollm_tokenizer):

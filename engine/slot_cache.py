@@ -1,0 +1,277 @@
+"""SlotCache: the KV of every running row, written in place.
+
+Each layer keeps its keys and values in one preallocated tensor of each kind:
+
+    keys[l], values[l]: [slots, kv_heads, capacity, head_dim]
+
+A row owns one slot from admission to release, and token i of the row lives in column i of its
+slot. A forward pass writes each new token's KV where it belongs (index_put_), so no row is moved,
+re-padded or copied when another joins or leaves, and a prefix-cache hit is one copy into the slot.
+
+A pass covers a contiguous range of slots [lo, hi); slot b feeds n_b >= 0 new tokens, right-aligned
+in the [B, T] input so that the last column holds every stepping row's last token (logits_to_keep=1
+then gives the logits to sample from). Slots in the range that do not step (free, parked, being
+prefilled in a pass of their own) feed a dummy token that writes nothing; a row's padding queries
+write nothing either.
+
+Attention reads keys[l][lo:hi, :, :W] (a view; W = the longest row after the pass) under a 4D mask
+built from each row's real length: the token at position p sees columns <= p, and on a
+sliding-window layer only those > p - window. Sliding layers therefore keep every token and the
+mask holds the window, which keeps a row's distances exact and lets the prefix cache cut segments
+out of every layer.
+
+Memory: the tensors grow (by reallocation, the only time rows are copied) when an admitted row's
+reservation needs more slots or columns, never beyond `budget_bytes`; `admissible()` tells the
+scheduler whether one more row fits beside the others. They are freed when the last row leaves.
+
+Only the engine thread touches a SlotCache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv_segment import KVSegment
+
+GRAIN = 256  # capacity grows in multiples of this many tokens
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """A model's per-layer KV geometry, read from one probe forward pass (see `probe`)."""
+
+    heads: tuple[int, ...]  # KV heads of each layer
+    head_dims: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        size = torch.empty(0, dtype=self.dtype).element_size()
+        return sum(2 * h * d * size for h, d in zip(self.heads, self.head_dims))
+
+    @staticmethod
+    def probe(model: torch.nn.Module, device: torch.device) -> KVShape:
+        """Runs one token through the model and reads the shapes of the KV it caches."""
+        with torch.inference_mode():
+            out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=True)
+        cache = getattr(out, "cache", None) or out.past_key_values
+        keys = [layer.keys for layer in cache.layers]  # [1, H, 1, D] each
+        return KVShape(tuple(k.shape[1] for k in keys), tuple(k.shape[3] for k in keys), keys[0].dtype)
+
+
+@dataclass(frozen=True)
+class MaskLayout:
+    """Which attention masks a model's forward takes: one 4D tensor, or a dict by layer type."""
+
+    window: int | None  # sliding window of a model whose layers all slide (Mistral), else None
+    by_type: dict[str, int | None] | None  # layer type -> window, for models with mixed layer types
+    additive: bool  # eager attention adds a float mask; sdpa and others take a boolean one
+
+    @staticmethod
+    def of(config) -> MaskLayout:
+        additive = getattr(config, "_attn_implementation", "sdpa") == "eager"
+        window = getattr(config, "sliding_window", None)
+        types = getattr(config, "layer_types", None)
+        if types is None:  # Llama, Mistral: every layer alike, sliding when a window is set
+            return MaskLayout(window, None, additive)
+        kinds = set(types)
+        if kinds == {"full_attention"}:
+            return MaskLayout(None, None, additive)
+        if kinds == {"sliding_attention"}:
+            return MaskLayout(window, None, additive)
+        return MaskLayout(None, {kind: window if kind == "sliding_attention" else None for kind in kinds}, additive)
+
+
+class SlotCache:
+    """A transformers-compatible cache (the `update` the attention layers call) over row slots."""
+
+    def __init__(self, shape: KVShape, layout: MaskLayout, device: torch.device, num_slots: int,
+                 context_length: int, budget_bytes: int):
+        self.shape = shape
+        self.layout = layout
+        self.device = device
+        self.num_slots = num_slots
+        self.context_length = context_length
+        self.budget_bytes = budget_bytes
+        self.keys: list[torch.Tensor] = []  # per layer [S, H, C, D]; empty while no row is open
+        self.values: list[torch.Tensor] = []
+        self.lengths = [0] * num_slots  # tokens held by each slot
+        self.reserved: dict[int, int] = {}  # open slot -> tokens it may hold
+        self._pass: tuple | None = None  # (lo, counts, width, write rows [N], write columns [N], positions [N])
+
+    # ---- sizes and admission ----------------------------------------------------------------
+
+    @property
+    def allocated(self) -> tuple[int, int]:
+        """(slots, capacity) of the tensors."""
+        return (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
+
+    def nbytes(self) -> int:
+        slots, capacity = self.allocated
+        return slots * capacity * self.shape.bytes_per_token
+
+    def _bytes(self, slots: int, capacity: int) -> int:
+        return slots * capacity * self.shape.bytes_per_token
+
+    def _round(self, tokens: int) -> int:
+        """Capacity for rows of up to `tokens` tokens: a multiple of GRAIN, but never more than one
+        row may hold alone (tokens never exceeds that: reservations are capped by it)."""
+        return min(self.most_tokens_alone(), -(-tokens // GRAIN) * GRAIN)
+
+    def most_tokens_alone(self) -> int:
+        """The longest reservation one row can have with the cache to itself."""
+        return min(self.context_length, self.budget_bytes // self.shape.bytes_per_token)
+
+    def admissible(self, reservation: int) -> bool:
+        """Whether a row reserving `reservation` tokens fits beside the open rows within the budget."""
+        if len(self.reserved) >= self.num_slots:
+            return False
+        slot = self._free_slot()
+        slots = max(slot + 1, max(self.reserved, default=-1) + 1)
+        capacity = self._round(max([reservation, *self.reserved.values()]))
+        return self._bytes(slots, capacity) <= self.budget_bytes
+
+    def _free_slot(self) -> int:
+        return next(s for s in range(self.num_slots) if s not in self.reserved)
+
+    def open(self, reservation: int) -> int:
+        """Takes the lowest free slot for a row of at most `reservation` tokens (check admissible()
+        first); grows the tensors if they are too small. Returns the slot."""
+        slot = self._free_slot()
+        self.reserved[slot] = reservation
+        self.lengths[slot] = 0
+        self._grow(max(self.reserved) + 1, self._round(max(self.reserved.values())))
+        return slot
+
+    def close(self, slot: int) -> None:
+        del self.reserved[slot]
+        self.lengths[slot] = 0
+        if not self.reserved:
+            self.keys, self.values = [], []
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        """Make the tensors at least [slots, *, capacity, *], generously where the budget allows, so
+        that growing (which copies every row) stays rare."""
+        have_slots, have_capacity = self.allocated
+        if slots <= have_slots and capacity <= have_capacity:
+            return
+        for roomier in (self.num_slots, slots):
+            if self._bytes(roomier, capacity) <= self.budget_bytes:
+                slots = roomier
+                break
+        for roomier in (self._round(2 * capacity), capacity):  # both within the budget for one slot
+            if self._bytes(slots, roomier) <= self.budget_bytes:
+                capacity = roomier
+                break
+        keep_slots, keep_capacity = min(slots, have_slots), min(capacity, have_capacity)
+        keys, values = [], []
+        for layer, (h, d) in enumerate(zip(self.shape.heads, self.shape.head_dims)):
+            for old, new in ((self.keys, keys), (self.values, values)):
+                grown = torch.zeros(slots, h, capacity, d, dtype=self.shape.dtype, device=self.device)
+                if old:
+                    grown[:keep_slots, :, :keep_capacity] = old[layer][:keep_slots, :, :keep_capacity]
+                new.append(grown)
+        self.keys, self.values = keys, values
+
+    # ---- prefix segments --------------------------------------------------------------------
+
+    def write(self, slot: int, segment: KVSegment) -> None:
+        """Puts a cached prefix at the start of an empty slot (one copy)."""
+        n = len(segment)
+        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
+            k[slot, :, :n] = segment.data[layer, 0]  # [H, n, D]
+            v[slot, :, :n] = segment.data[layer, 1]
+        self.lengths[slot] = n
+
+    def segment(self, slot: int, start: int, end: int) -> KVSegment:
+        """A copy of the KV of tokens [start, end) of a slot."""
+        data = torch.stack([torch.stack([k[slot, :, start:end], v[slot, :, start:end]])
+                            for k, v in zip(self.keys, self.values)])  # [L, 2, H, n, D]
+        return KVSegment(data)
+
+    # ---- one forward pass -------------------------------------------------------------------
+
+    def begin(self, lo: int, hi: int, tokens: list[list[int]]) -> dict:
+        """Inputs of a pass over slots [lo, hi) feeding tokens[b] to slot lo + b (possibly none).
+
+        Returns input_ids [B, T], position_ids [B, T] and attention_mask (a [B, 1, T, W] mask, or a
+        dict of them by layer type) for the model; its attention layers then call update()."""
+        counts = [len(t) for t in tokens]
+        T = max(counts)
+        lengths = self.lengths[lo:hi]
+        width = max(n + c for n, c in zip(lengths, counts))
+        if width > self.allocated[1]:
+            raise RuntimeError(f"a pass needs {width} KV columns; slots hold {self.allocated[1]}")
+        ids = torch.zeros(hi - lo, T, dtype=torch.long)  # [B, T]
+        for b, row in enumerate(tokens):
+            if row:
+                ids[b, T - len(row):] = torch.tensor(row)
+        dev = self.device
+        length = torch.tensor(lengths, device=dev).unsqueeze(1)  # [B, 1]
+        offset = torch.arange(T, device=dev) - (T - torch.tensor(counts, device=dev)).unsqueeze(1)  # [B, T]
+        real = offset >= 0  # [B, T]; False: padding or a slot that does not step
+        positions = length + offset.clamp(min=0)  # [B, T]
+        write_rows, write_cols = real.nonzero(as_tuple=True)  # [N], [N]
+        self._pass = (lo, counts, width, write_rows, write_cols, positions[write_rows, write_cols])
+        columns = torch.arange(width, device=dev)  # [W]
+        causal = columns <= positions.unsqueeze(2)  # [B, T, W]
+
+        def mask(window: int | None) -> torch.Tensor:
+            see = causal if window is None else causal & (columns > positions.unsqueeze(2) - window)
+            see = torch.where(real.unsqueeze(2), see, columns == 0)  # a padding query sees column 0 only
+            see = see.unsqueeze(1)  # [B, 1, T, W]
+            if not self.layout.additive:
+                return see
+            return torch.zeros(see.shape, dtype=self.shape.dtype, device=dev).masked_fill(
+                ~see, torch.finfo(self.shape.dtype).min)
+
+        if self.layout.by_type is not None:
+            attention_mask = {kind: mask(window) for kind, window in self.layout.by_type.items()}
+        else:
+            attention_mask = mask(self.layout.window)
+        return {"input_ids": ids.to(dev), "position_ids": positions, "attention_mask": attention_mask}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key_states, value_states: [B, H, T, D] of this pass. Writes the real tokens' KV into the
+        slots and returns the keys and values attention reads, [B, H, W, D] views."""
+        lo, counts, width, rows, cols, positions = self._pass
+        hi = lo + len(counts)
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        k[lo + rows, :, positions] = key_states[rows, :, cols]  # [N, H, D]
+        v[lo + rows, :, positions] = value_states[rows, :, cols]
+        return k[lo:hi, :, :width], v[lo:hi, :, :width]
+
+    def end(self, completed: bool = True) -> None:
+        """After the pass: each slot holds its new tokens. A pass that failed (completed=False) adds
+        none: what it wrote lies beyond the rows' lengths and is overwritten later."""
+        lo, counts = self._pass[:2]
+        if completed:
+            for b, c in enumerate(counts):
+                self.lengths[lo + b] += c
+        self._pass = None
+
+    # transformers asks a cache for these in places; the masks and positions we pass make them moot.
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.lengths)
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    # ---- checks -----------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        slots, capacity = self.allocated
+        assert self.nbytes() <= self.budget_bytes, f"KV tensors hold {self.nbytes()} B > budget {self.budget_bytes}"
+        if not self.reserved:
+            assert slots == 0, "no open slot, yet KV tensors are allocated"
+        for slot in range(self.num_slots):
+            if slot not in self.reserved:
+                assert self.lengths[slot] == 0, f"free slot {slot} holds {self.lengths[slot]} tokens"
+                continue
+            assert slot < slots, f"open slot {slot} is beyond the {slots} allocated"
+            assert self.lengths[slot] <= min(capacity, self.reserved[slot]), (
+                f"slot {slot} holds {self.lengths[slot]} tokens; capacity {capacity}, reserved {self.reserved[slot]}")
+        assert self._pass is None, "a pass was begun and never ended"
