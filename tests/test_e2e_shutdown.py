@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -40,11 +41,15 @@ def own_server(tmp_path):
         proc.wait()
 
 
-def test_sigterm_lets_a_running_stream_finish_then_exits_0(own_server):
+def test_sigterm_lets_running_requests_finish_then_exits_0(own_server):
     url, proc, log_path = own_server
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about the sea."}],
             "max_tokens": 40, "ignore_eos": True, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
+    plain = {}  # a non-streamed request beside the stream, in flight when the signal comes
+    thread = threading.Thread(target=lambda: plain.update(reply=httpx.post(
+        f"{url}/v1/chat/completions", json={**body, "stream": False}, timeout=120)))
+    thread.start()
     payloads = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as reply:
         assert reply.status_code == 200
@@ -58,4 +63,6 @@ def test_sigterm_lets_a_running_stream_finish_then_exits_0(own_server):
     chunks = [json.loads(p) for p in payloads[:-1]]
     assert [c["choices"][0].get("finish_reason") for c in chunks if c["choices"]][-1] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == 40
+    thread.join(timeout=120)
+    assert plain["reply"].status_code == 200 and plain["reply"].json()["usage"]["completion_tokens"] == 40
     assert proc.wait(timeout=60) == 0, log_path.read_text()[-2000:]
