@@ -15,8 +15,9 @@ makes object-level ones exclusive itself) must have its branches pairwise told a
   (without `additionalProperties`): outlines-core writes only listed names, so what the other
   writes never has it. (Likewise a branch with `properties` writes only objects.)
 
-A branch is read through local `$ref`s, `allOf` (one member told apart is enough) and nested
-`anyOf`/`oneOf` (each alternative must be told apart). Other keywords (`pattern`, bounds, lengths,
+A branch is read through local `$ref`s (the target alone: up to draft 7 a `$ref` hides its siblings),
+`allOf` (one member told apart is enough) and nested `anyOf`/`oneOf` (each alternative must be told
+apart). Other keywords (`pattern`, bounds, lengths,
 formats) are not compared: such branches are refused, and the message says how to fix the schema.
 Each pair's proof is a bounded search (_STEPS): branches too big to tell apart are refused too.
 """
@@ -95,11 +96,24 @@ class _Proof:
         self.steps -= 1
         return self.steps >= 0
 
+    def view(self, s: Any) -> Any:
+        """s, or what its `$ref` chain points to: up to draft 7 a `$ref` hides its siblings (and later
+        drafts only add them as constraints), so the target alone is a sound reading. True (any value)
+        for a `$ref` that cannot be followed."""
+        for _ in range(_REF_DEPTH):
+            if not (isinstance(s, dict) and "$ref" in s):
+                return s
+            s = self.target(s)
+        return True
+
     def apart(self, x: Any, y: Any, emitted: bool, depth: int = 0) -> bool:
         """True only if no value of x is valid against y; with ``emitted``, only the values x's regex
         writes are meant (a subset of x's valid values: see _written_by). False: maybe, or unsure."""
         if depth > _REF_DEPTH or not self._tick():
             return False
+        if isinstance(x, dict) and "$ref" in x:
+            emitted = emitted and _written_by(x) == "$ref"  # else its regex is not the target's
+        x, y = self.view(x), self.view(y)
         tx, ty = self.types(x, emitted), self.types(y)
         if x is False or y is False or not tx & ty:
             return True
@@ -107,9 +121,6 @@ class _Proof:
             return True
         deeper = depth + 1
         if isinstance(x, dict):  # x's values all lie in each of these, or in one of these alternatives
-            target = self.target(x)
-            if target is not None and self.apart(target, y, emitted and _written_by(x) == "$ref", deeper):
-                return True
             if any(self.apart(m, y, False, deeper) for m in _list(x, "allOf")):
                 return True
             for key in ("anyOf", "oneOf"):
@@ -117,9 +128,6 @@ class _Proof:
                                          for alt in _list(x, key)):
                     return True
         if isinstance(y, dict):  # y's valid values all lie in each of these, or in one alternative
-            target = self.target(y)
-            if target is not None and self.apart(x, target, emitted, deeper):
-                return True
             if any(self.apart(x, m, emitted, deeper) for m in _list(y, "allOf")):
                 return True
             for key in ("anyOf", "oneOf"):
@@ -154,10 +162,10 @@ class _Proof:
         return values is not None and not any(self.admits(y, v) for v in values)
 
     def target(self, s: dict) -> Any:
-        """What a local `$ref` points to (None if s has none, or it cannot be followed)."""
+        """What a local `$ref` points to (True, any value, if it cannot be followed)."""
         ref = s.get("$ref")
         if not isinstance(ref, str) or not ref.startswith("#"):
-            return None
+            return True
         node = self.root
         for part in filter(None, ref[1:].split("/")):
             part = part.replace("~1", "/").replace("~0", "~")
@@ -166,12 +174,15 @@ class _Proof:
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             else:
-                return None
+                return True
         return node
 
     def types(self, s: Any, emitted: bool = False, depth: int = 0) -> frozenset:
         """The JSON types (parts of _ALL) a value valid against s can have, a superset; with
         ``emitted``, of the values s's regex writes."""
+        if isinstance(s, dict) and "$ref" in s:
+            emitted = emitted and _written_by(s) == "$ref"
+        s = self.view(s)
         if s is False:
             return frozenset()
         if not isinstance(s, dict) or depth > _REF_DEPTH or not self._tick():
@@ -185,9 +196,6 @@ class _Proof:
         values = self._own_values(s)
         if values is not None:
             types &= frozenset(map(_value_type, values))
-        target = self.target(s)
-        if target is not None:
-            types &= self.types(target, emitted and _written_by(s) == "$ref", depth + 1)
         for key in ("anyOf", "oneOf"):
             if _list(s, key):
                 alternatives = (self.types(alt, emitted and _written_by(s) == key, depth + 1) for alt in _list(s, key))
@@ -198,15 +206,13 @@ class _Proof:
 
     def values(self, s: Any, depth: int = 0) -> list | None:
         """Every value valid against s can be found in this list (None: s does not list its values)."""
+        s = self.view(s)
         if s is False:
             return []
         if not isinstance(s, dict) or depth > _REF_DEPTH or not self._tick():
             return None
         if self._own_values(s) is not None:
             return self._own_values(s)
-        target = self.target(s)
-        if target is not None:
-            return self.values(target, depth + 1)
         for key in ("anyOf", "oneOf"):
             if _list(s, key):
                 alternatives = [self.values(alt, depth + 1) for alt in _list(s, key)]
@@ -230,12 +236,13 @@ class _Proof:
         return not any(_fails(p, v) for p in self.parts(s))
 
     def parts(self, s: Any, depth: int = 0) -> list[dict]:
-        """s and the schemas every value of s is valid against too: its $ref target, its allOf members."""
+        """s and the schemas every value of s is valid against too: its allOf members (read through $ref)."""
+        s = self.view(s)
         if not isinstance(s, dict) or depth > _REF_DEPTH or not self._tick():
             return []
         found = [s]
-        for part in [self.target(s), *_list(s, "allOf")]:
-            found += self.parts(part, depth + 1)
+        for member in _list(s, "allOf"):
+            found += self.parts(member, depth + 1)
         return found
 
     def required(self, s: Any) -> set[str]:

@@ -66,6 +66,8 @@ def test_exclusive_branches_compile_to_exactly_their_union(schema, valid, invali
     ({"$defs": {"u": {"oneOf": [STR, {"type": "string", "minLength": 2}]}},
       "type": "array", "items": {"$ref": "#/$defs/u"}}, "/$defs/u/oneOf"),
     ({"oneOf": [{"type": "object", "properties": {"a": INT}}, {"type": "object", "properties": {"b": INT}}]}, "/oneOf"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"s": STR},  # up to draft 7 a $ref
+      "oneOf": [{"$ref": "#/definitions/s", "type": "integer"}, STR]}, "/oneOf"),  # hides its siblings: "a" is both
 ])
 def test_overlapping_branches_are_refused_saying_how_to_fix_it(schema, path):
     with pytest.raises(UnsupportedSchemaError) as info:
