@@ -23,6 +23,7 @@ from server.guards import Guard, unless_gone
 from server.protocol import ChatCompletionRequest
 from server.responses import ResponseStore
 from server.responses_protocol import ResponsesRequest
+from server.router_metrics import router_metrics_text
 from server.state import ServerState
 from server.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
@@ -53,8 +54,14 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
     @app.get("/metrics")
     async def metrics():
         body = state.engine.metrics.render() + grammar_metrics_text(state.compiler) + \
-            generate_latest(output_check.REGISTRY)
+            generate_latest(output_check.REGISTRY) + router_metrics_text(state.engine, state.model_name)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/server_info")
+    async def server_info():
+        """What sglang-router (smg) asks a worker when it registers it: the model it serves."""
+        return {"served_model_name": state.model_name, "max_running_requests": state.engine.scheduler.max_batch,
+                "context_length": state.context_length, "version": "maskd"}
 
     @app.get("/debug/integrity")
     async def integrity():
