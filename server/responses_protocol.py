@@ -46,7 +46,7 @@ class ResponsesRequest(_Open):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    stream: bool = False
+    stream: bool | None = False  # null means false: sglang-router forwards an unset stream as null
     store: bool | None = None  # kept in a bounded in-memory store unless false
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None

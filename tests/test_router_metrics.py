@@ -61,6 +61,15 @@ def test_every_route_accepts_a_field_it_does_not_know(http, route, body):
         assert reply.status_code == 200, reply.text
 
 
+def test_responses_take_the_body_sglang_router_forwards(http):
+    """sglang-router re-serializes a Responses body with its defaults, `stream` as null among them."""
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, "stream": None, "store": True, "top_k": -1,
+            "min_p": 0.0, "repetition_penalty": 1.0, "temperature": 1.0, "top_p": 1.0, "priority": 0}
+    reply = http.post("/v1/responses", json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["object"] == "response"
+
+
 def test_metrics_carry_the_vllm_and_sglang_names_routers_scrape(http):
     chat = ROUTES[0][1]
     for question in ("red chairs?", "blue tables?"):  # the second one hits the system prompt's prefix
