@@ -264,12 +264,16 @@ def run(ctx, progress, log=lambda line: None, no_peers: bool = False, stream_all
     rows = function_rows(ctx.rows)
     rows = rows[::max(1, len(rows) // sizes.budget_schemas)][:sizes.budget_schemas]
     slacks = list(sizes.slacks)
+    import importlib.util
+
     peers, skipped = None, {}
     if not no_peers:
-        try:
+        skipped = {name: "not installed" for name in ("xgrammar", "outlines") if importlib.util.find_spec(name) is None}
+        if not skipped:  # the two run side by side (Peers holds both) or not at all
             peers = Peers(state)
-        except ImportError as exc:
-            skipped = {"xgrammar": f"not importable ({exc})", "outlines": f"not importable ({exc})"}
+        else:
+            skipped = {name: skipped.get(name, "runs only beside the other peer, which is not installed")
+                       for name in ("xgrammar", "outlines")}
     bar = progress("budget", len(rows))
     try:
         out = asyncio.run(bench(state, peers, rows, slacks, slacks if stream_all else [min(slacks)], bar.update, log))
@@ -286,7 +290,7 @@ def run(ctx, progress, log=lambda line: None, no_peers: bool = False, stream_all
     agrees, equal = out["min_400_agrees"], out["stream_equal"]
     valid = {f"{r['engine']} @ +{r['slack']}": r["valid"] for r in table}
     return {
-        "schemas": len(rows), "slacks": slacks, "served": len(out["seconds"]), "summary": table, "skipped": skipped,
+        "schemas": len(rows), "slacks": slacks, "served": len(out["seconds"]), "summary": table, "peers_skipped": skipped,
         **out, "ratios": {f"valid share, {k}": v for k, v in valid.items()},
         "notes": [f"{len(rows)} BFCL schemas; refused by maskd: {sum(out['skipped'].values())} {out['skipped']}.",
                   f"min_tokens() equal to the 400's stated minimum: {agrees[0]}/{agrees[1]}; streamed tool calls "

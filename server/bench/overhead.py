@@ -31,6 +31,24 @@ def has_forced_extend() -> bool:
     return "forced_extend" in {f.name for f in dataclasses.fields(SamplingParams)}
 
 
+def peers_note() -> str:
+    """What this suite says of the constrained-decoding peers: it times transformers' generate()
+    unconstrained only; the peers' constrained decoding is measured in `budget` (xgrammar, outlines)
+    and their masks in `compile` (xgrammar, llguidance)."""
+    import importlib.util
+
+    installed = {name: importlib.util.find_spec(module) is not None for name, module in
+                 (("xgrammar", "xgrammar"), ("outlines", "outlines"), ("llguidance", "llguidance"),
+                  ("llama-cpp-python", "llama_cpp"))}
+    missing = [name for name, found in installed.items() if not found]
+    present = [name for name, found in installed.items() if found]
+    return ("Peers: transformers' generate() (unconstrained) is timed here; xgrammar's and outlines' constrained "
+            "decoding is compared in `budget`, xgrammar's and llguidance's masks in `compile`; llama-cpp-python "
+            "has no runner in this bench. "
+            + (f"Not installed, so skipped everywhere: {', '.join(missing)}. " if missing else "")
+            + (f"Installed: {', '.join(present)}." if present else "")).rstrip()
+
+
 def hf_generate(loaded, prompt_ids: list[int], tokens: int) -> tuple[float, int]:
     import torch
 
@@ -141,7 +159,7 @@ def run(ctx: BenchContext, progress) -> dict:
     if off in medians:
         ratios["forced text on / off (constrained tokens/s)"] = medians["maskd json_schema"] / medians[off]
     share = sum(mask_s) / sum(step_s) if sum(step_s) else None
-    notes = []
+    notes = [peers_note()]
     if forced_modes == [None]:
         notes.append("This maskd has no `forced_extend` switch (SamplingParams), so forced text runs only in "
                      "its built-in mode (forced tokens appended without sampling); the on/off comparison is "
@@ -177,12 +195,16 @@ def plot(result: dict, path) -> None:
     with figure(path, 2) as (ax1, ax2):
         for name, values in result["runs_tok_s"].items():
             ax1.plot(range(1, len(values) + 1), values, marker="o", label=name)
-        ax1.set_xlabel("round"), ax1.set_ylabel("decode tokens/s"), ax1.set_ylim(bottom=0)
+        rounds = range(1, len(next(iter(result["runs_tok_s"].values()))) + 1)
+        ax1.set_xticks(list(rounds)), ax1.set_xlabel("round"), ax1.set_ylabel("decode tokens/s"), ax1.set_ylim(bottom=0)
         ax1.legend(fontsize=7)
         ratio = result["ratios"]["constrained / unconstrained (maskd)"]
         ax1.set_title(f"constrained / unconstrained = {ratio:.2f}", fontsize=9)
         if result["mask_us"]:
-            ax2.hist(result["mask_us"], bins=30)
+            import numpy as np
+
+            low, high = max(min(result["mask_us"]), 1e-3), max(result["mask_us"])
+            ax2.hist(result["mask_us"], bins=np.geomspace(low, high * 1.01, 30))
             ax2.set_xscale("log")
         ax2.set_xlabel("mask time per token (µs)"), ax2.set_ylabel("steps")
         share = result["mask_share_of_step"]

@@ -57,11 +57,15 @@ def markdown_table(table: dict) -> str:
     return "\n".join(lines)
 
 
+def sizes_label(results: dict) -> str:
+    return "tiny (testing)" if results.get("tiny") else "quick" if results.get("quick") else "full"
+
+
 def summary_markdown(results: dict, plot_prefix: str = "") -> str:
     """The run as markdown: header, machine, then per suite its tables, ratios, notes and plot."""
     info = results["machine"]
     out = [f"Model `{results['model']}` on {results['device']}; {machine_line(info)}.",
-           f"Run: `{results['command']}` ({'quick' if results['quick'] else 'full'} sizes), "
+           f"Run: `{results['command']}` ({sizes_label(results)} sizes), "
            f"{results['seconds']:.0f} s in all (model load {results.get('load_seconds', 0):.0f} s), {results['finished']}.", ""]
     for name, suite in results["suites"].items():
         out.append(f"### {name}")
