@@ -48,6 +48,9 @@ class Engine:
         self.max_batch = max_batch
         self.max_waiting = max_waiting
         self.logits_hooks = list(logits_hooks or [])
+        # constraint -> tokens of the text it allows alone (grammars.forced_text.ForcedText), set by
+        # whoever knows the grammar vocabulary; used where forced runs are fed in one pass
+        self.forced_text: Callable[[object], list[int]] | None = None
         self.metrics = EngineMetrics()
         prefix_cache = RadixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.scheduler = Scheduler(self.runner, slots, prefill_chunk, prefix_cache, self.metrics, extend=forced_extend)
@@ -217,8 +220,11 @@ class Engine:
         if not self._append_one(seq, token, logprob):
             return
         k = seq.params.logprobs
+        extend = self.scheduler.extend and seq.params.forced_extend
         while seq.constraint is not None:
             forced = seq.constraint.forced()
+            if not forced and extend and self.forced_text is not None:
+                forced = self.forced_text(seq.constraint)  # a run of text allowed alone, several tokens each way
             if not forced:
                 return
             for forced_token in forced:

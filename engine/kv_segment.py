@@ -10,10 +10,11 @@ Keys are stored after the rotary embedding was applied, exactly as transformers 
 segment is only valid at the absolute positions it was computed at. The radix tree guarantees
 that: a segment on an edge at depth d always covers positions [d, d + n).
 
-Scope: transformers 5.x full-attention decoder-only models whose cache is a `DynamicCache` of
-`DynamicLayer`s (Llama, Qwen2/2.5/3, Mistral without sliding window, ...). Sliding-window and
-quantized layers drop or transform tokens, so a prefix cannot be cut out of them: `from_cache`
-refuses them with an error. Tensors stay on the device and dtype they came from.
+The engine cuts segments out of its SlotCache (engine/slot_cache.py), which keeps every layer's
+tokens, sliding-window layers too (the attention mask holds the window), so every model's prefix
+can be cached. `from_cache` / `to_cache` convert to and from transformers' DynamicCache of
+full-attention `DynamicLayer`s (for tests and tools: a sliding layer cache has dropped tokens, so
+`from_cache` refuses it). Tensors stay on the device and dtype they came from.
 """
 
 from __future__ import annotations
@@ -94,9 +95,8 @@ class KVSegment:
     def from_cache(cls, cache: Cache, row: int, start: int, end: int) -> KVSegment:
         """Copy the KV of cache positions [start, end) of batch row `row` out of a DynamicCache.
 
-        `start`/`end` index the cache's sequence axis; for a left-padded batch add the row's
-        padding to the token positions. The result is detached and owns its memory, so the
-        batch cache can be freed or grow afterwards.
+        `start`/`end` index the cache's sequence axis. The result is detached and owns its memory,
+        so the cache can be freed or grow afterwards.
         """
         layers = getattr(cache, "layers", None)
         if not layers:
@@ -138,29 +138,6 @@ class KVSegment:
         """
         per_layer = [(layer[0].unsqueeze(0), layer[1].unsqueeze(0)) for layer in self.data]  # [1, H, n, D] each
         return DynamicCache(per_layer)
-
-    @staticmethod
-    def batch_to_cache(segments: Sequence[KVSegment]) -> tuple[DynamicCache, torch.Tensor]:
-        """A left-padded DynamicCache for a batch of prefixes of different lengths.
-
-        Returns (cache, prefix_mask) with prefix_mask [B, N] (N = longest prefix; 1 = real token,
-        0 = padding). Row i's prefix occupies the last n_i slots. To continue, the caller passes
-        `attention_mask = cat([prefix_mask, new_tokens_mask], 1)` and `position_ids` starting at
-        n_i for row i, since the model cannot infer per-row positions from a padded cache.
-        """
-        if not segments:
-            raise ValueError("batch_to_cache needs at least one segment")
-        _check_same_model(segments)
-        first = segments[0].data
-        longest = max(len(s) for s in segments)
-        layers, _, heads, _, head_dim = first.shape
-        data = first.new_zeros(layers, 2, len(segments), heads, longest, head_dim)  # [L, 2, B, H, N, D]
-        prefix_mask = torch.zeros(len(segments), longest, dtype=torch.long, device=first.device)  # [B, N]
-        for i, seg in enumerate(segments):
-            n = len(seg)
-            data[:, :, i, :, longest - n :, :] = seg.data  # [L, 2, H, n, D]
-            prefix_mask[i, longest - n :] = 1
-        return DynamicCache([(layer[0], layer[1]) for layer in data]), prefix_mask  # [B, H, N, D] each
 
 
 def _check_same_model(segments: Sequence[KVSegment]) -> None:

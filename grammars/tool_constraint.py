@@ -175,7 +175,15 @@ class ToolCallConstraint:
         return self._budget_forced
 
     def advance(self, token_id: int) -> None:
-        self._history.append(self._snapshot())
+        snap = self._snapshot()
+        try:
+            self._advance(token_id)
+        except BaseException:  # a refused token changes nothing, history included (rollback counts on it)
+            self._restore(snap)
+            raise
+        self._history.append(snap)
+
+    def _advance(self, token_id: int) -> None:
         if token_id in self.eos and (self._phase in (TEXT, DONE) or (self._phase == AFTER and not self.tokens.end)):
             self._eos_seen = True
             self._phase = DONE

@@ -49,6 +49,8 @@ def cmd_serve(args) -> int:
     compiler = GrammarCompiler(vocabulary, cache_dir=args.grammar_cache or None, timeout_s=args.grammar_timeout,
                                lru_bytes=int(args.grammar_memory_mb * (1 << 20)), workers=args.grammar_workers)
     compiler.json_automaton()  # json_object and free-form values need it: built (or read from disk) now
+    from grammars.forced_text import ForcedText
+    engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)
     from server.responses import ResponseStore
     state = ServerState(model_name=loaded.name, tokenizer=loaded.tokenizer,
                         context_length=loaded.context_length, tool_format=loaded.spec.tool_format,

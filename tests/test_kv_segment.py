@@ -149,24 +149,6 @@ def test_segment_cut_from_one_row_of_a_batch(model):
 
 
 @torch.no_grad()
-def test_left_padded_batch_of_cached_prefixes_of_different_lengths(model):
-    cache = RadixCache(BUDGET)
-    queries = [seq(17, 20) + [1, 2, 3], seq(18, 9) + [4, 5, 6]]
-    for q in queries:
-        run_and_insert(model, cache, q[:-3] + [0])  # earlier requests sharing all but the last 3 tokens
-    matches = [cache.match(q[:-1]) for q in queries]
-    assert [m.length for m in matches] == [20, 9]
-    past, prefix_mask = KVSegment.batch_to_cache([m.kv() for m in matches])
-    assert prefix_mask.tolist() == [[1] * 20, [0] * 11 + [1] * 9]
-    rest = torch.tensor([q[-3:] for q in queries])  # [2, 3]
-    positions = torch.tensor([[m.length + j for j in range(3)] for m in matches])  # [2, 3]
-    mask = torch.cat([prefix_mask, torch.ones(2, 3, dtype=torch.long)], dim=1)  # [2, 23]
-    logits = model(input_ids=rest, cache=past, attention_mask=mask, position_ids=positions).logits
-    for row, q in enumerate(queries):
-        torch.testing.assert_close(logits[row], full_logits(model, q)[-3:], atol=1e-4, rtol=1e-4)
-
-
-@torch.no_grad()
 def test_bytes_slice_concat_and_dtype():
     torch.manual_seed(0)
     bf16_model = LlamaForCausalLM(LlamaConfig(**TINY)).eval().to(torch.bfloat16)

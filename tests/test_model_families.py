@@ -8,9 +8,9 @@ transformers (a full forward per token, no cache):
   turn), against the same prompts with the cache off;
 - a constraint that forces a run of tokens, against the same tokens fed as part of the prompt.
 
-The engine keeps every layer, sliding ones too, as a full-attention DynamicLayer and leaves the
-window to transformers' sliding mask, which counts columns; a left-padded row keeps its distances,
-so the window holds in a batch. A sliding layer cache (DynamicCache(config=...)) would break that.
+The engine keeps every layer's tokens, sliding ones too, in its SlotCache and builds the sliding
+window into the attention mask from each row's real positions, so the window holds in a batch and
+a prefix can be cut out of every layer.
 The engine is stepped from the test thread, so the order of joins and prefill chunks is exact.
 """
 
@@ -148,7 +148,7 @@ def test_eight_rows_batched_equal_each_alone_and_plain_transformers(family, smol
 def test_prefix_cache_hits_give_the_tokens_of_a_miss(family, smollm_tokenizer):
     """A sibling sharing a 30-token prefix (longer than the window) hits the KV cached at its prefill;
     the next turn of a conversation hits the KV of the earlier turn's output too, cut out of a
-    left-padded batch row (a longer request ran beside it)."""
+    batch row's slot (a longer request ran beside it)."""
     _, model = family
     shared, first_tail, sibling_tail, turn_tail, long = prompts((30, 5, 7, 4, 44), seed=1)
     first = shared + first_tail

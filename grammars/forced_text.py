@@ -1,0 +1,112 @@
+"""Forced text: the run of text a constraint allows alone, in the tokens the model's tokenizer writes.
+
+A grammar often allows several tokens where only one text can follow. After `{"` in an object whose
+next key is required, `location": ` is the only continuation, yet `l`, `lo`, `loc`, `location` ...
+are all allowed, so no single token is forced and jump-forward by singletons (`forced()`) stops.
+Here the next bytes are walked one at a time: a byte is forced when every allowed token starts with
+it and EOS is not allowed; the walk advances by that byte's own one-byte token. The forced text is
+then encoded by the tokenizer (its own tokens for that text, not the one-byte walk), each token
+checked against the constraint, and all but the last returned: in the tokenizer's encoding of the
+whole output the last one may merge with what the model writes next, so it is left to the model
+(under the mask).
+
+Exact: a byte counts as forced only if no allowed token begins otherwise, so the text returned is
+text the masked model would have had to write; only its split into tokens is the tokenizer's.
+Needs from a constraint: sparse_mask() or fill(), advance(), rollback(); others get nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from grammars.bitmask import allocate_token_bitmask
+from grammars.sparse_mask import sparse_mask as sparse_of_row
+
+LIMIT = 96  # bytes walked at most per call: a key, a delimiter, a name
+
+
+class ForcedText:
+    def __init__(self, vocabulary, tokenizer, limit: int = LIMIT):
+        self.tokenizer = tokenizer
+        self.limit = limit
+        self.vocabulary = vocabulary
+        size = vocabulary.size
+        self.first = np.full(size, -1, dtype=np.int16)  # [V] first byte of each token's text; -1: none
+        self.single: dict[int, int] = {}  # byte -> the token whose text is that byte alone
+        for token, piece in vocabulary.token_bytes.items():
+            if piece and token < size:
+                self.first[token] = piece[0]
+                if len(piece) == 1:
+                    self.single.setdefault(piece[0], token)
+        self.first[list(vocabulary.eos_token_ids)] = -1
+        self._row = allocate_token_bitmask(1, size)[0]  # [W] scratch for constraints without a sparse mask
+
+    def __call__(self, constraint) -> list[int]:
+        """Tokens to append now (possibly none); the constraint is left as it was."""
+        if not all(hasattr(constraint, name) for name in ("rollback", "advance", "fill")):
+            return []
+        text, steps = bytearray(), 0
+        try:
+            while len(text) < self.limit:
+                allowed = self._allowed(constraint)
+                byte = self._forced_byte(allowed)
+                token = self.single.get(byte)
+                if token is None or not _contains(allowed, token):  # refuses the one-byte split: stop here
+                    break
+                constraint.advance(token)
+                steps += 1
+                text.append(byte)
+        finally:
+            constraint.rollback(steps)
+        return self._tokens(constraint, bytes(text)) if steps > 1 else []
+
+    def _allowed(self, constraint) -> torch.Tensor | None:
+        """The ids the constraint allows next (int64, ascending) when they are few, else None."""
+        get = getattr(constraint, "sparse_mask", None)
+        sparse = get(None) if get is not None else None
+        if sparse is None:
+            self._row.zero_()
+            constraint.fill(self._row, None)
+            sparse = sparse_of_row(self._row, self.vocabulary.size)
+        return sparse.ids if sparse is not None and sparse.allowed and len(sparse.ids) else None
+
+    def _forced_byte(self, allowed: torch.Tensor | None) -> int | None:
+        if allowed is None:
+            return None
+        firsts = self.first[allowed.numpy()]
+        byte = int(firsts[0])
+        if byte < 0 or not (firsts == byte).all():  # EOS or a special token allowed, or two first bytes
+            return None
+        return byte
+
+    def _tokens(self, constraint, text: bytes) -> list[int]:
+        """The tokenizer's tokens for ``text`` that the constraint accepts in turn, less the last."""
+        while text:
+            try:
+                decoded = text.decode("utf-8")
+                break
+            except UnicodeDecodeError:  # the walk ended inside a character: leave that one to the model
+                text = text[:-1]
+        else:
+            return []
+        ids = self.tokenizer.encode(decoded, add_special_tokens=False)
+        taken, spelled = [], b""
+        try:
+            for token in ids:
+                spelled += self.vocabulary.token_bytes.get(token, b"\0")
+                if not text.startswith(spelled) or not _contains(self._allowed(constraint), token):
+                    break  # e.g. a tokenizer that adds a leading space, or a split the automaton refuses
+                constraint.advance(token)
+                taken.append(token)
+        finally:
+            constraint.rollback(len(taken))
+        return taken[:-1] if spelled == text and len(taken) == len(ids) else taken
+
+
+def _contains(ids: torch.Tensor | None, token: int) -> bool:
+    """Whether ascending ``ids`` hold ``token``."""
+    if ids is None:
+        return False
+    at = int(torch.searchsorted(ids, token))
+    return at < len(ids) and int(ids[at]) == token
