@@ -1,5 +1,9 @@
 """Suite `overhead`: what the mask costs in decoding, on the same prompt, model and run.
 
+Rates are decode tokens/s after each run's first step (maskd: timed on the engine thread;
+generate(): less a one-token generate()): the prefill (cached or not) and the output's length
+(the JSON closes earlier than the free text runs) do not weigh in.
+
 Interleaved rounds of: transformers' generate() (unconstrained, the reference), maskd unconstrained
 (ignore_eos, so it writes all its tokens), maskd under a JSON schema whose string fields leave the
 model room to write (mask filled and applied every step, forced text fed without sampling), and,
@@ -50,41 +54,59 @@ def peers_note() -> str:
 
 
 def hf_generate(loaded, prompt_ids: list[int], tokens: int) -> tuple[float, int]:
+    """Decode tokens/s of generate() after the first token (a one-token generate() times the
+    prefill and first token, taken off), and the tokens made."""
     import torch
 
     ids = torch.tensor([prompt_ids], device=loaded.device)  # [1, P]
-    started = time.perf_counter()
-    with torch.inference_mode():
-        out = loaded.model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                                    attention_mask=torch.ones_like(ids))  # [1, P + tokens]
-    elapsed = time.perf_counter() - started
-    return tokens / elapsed, out.shape[1] - ids.shape[1]
+
+    def timed(n: int) -> tuple[float, int]:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = loaded.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                        attention_mask=torch.ones_like(ids))  # [1, P + n]
+        return time.perf_counter() - started, out.shape[1] - ids.shape[1]
+
+    first, _ = timed(1)
+    elapsed, count = timed(tokens)
+    return (count - 1) / max(elapsed - first, 1e-9), count
 
 
-def engine_run(engine, request) -> tuple[float, int]:
-    """Tokens/s and completion tokens of one request through the engine."""
-    async def run() -> int:
-        last = None
+def engine_run(engine, request) -> tuple[int, int]:
+    """Runs one request through the engine: its completion tokens, and how many its first event
+    (its first step) reported."""
+    async def run() -> tuple[int, int]:
+        first, last = None, None
         async for last in engine.generate(request):
-            pass
-        return last.completion_tokens
-    started = time.perf_counter()
-    count = asyncio.run(run())
-    return count / (time.perf_counter() - started), count
+            if first is None:
+                first = last.completion_tokens
+        return first, last.completion_tokens
+    first, count = asyncio.run(run())
+    return count, first
+
+
+def decode_rate(count: int, first: int, ends: list[float]) -> float:
+    """Tokens/s after the first step: the tokens made after it over the time from its end to the
+    last step's end (engine-thread clocks, so a late wake-up of the client counts for nothing)."""
+    if len(ends) < 2 or count <= first:
+        return float("nan")
+    return (count - first) / (ends[-1] - ends[0])
 
 
 class StepTimer:
     """Times the engine's steps while `on` (wraps the instance's step; the loop calls self.step)."""
 
     def __init__(self, engine) -> None:
-        self.engine, self.inner, self.on, self.seconds = engine, engine.step, False, []
+        self.engine, self.inner, self.on, self.seconds, self.ends = engine, engine.step, False, [], []
         engine.step = self
 
     def __call__(self) -> None:
         started = time.perf_counter()
         self.inner()
         if self.on:
-            self.seconds.append(time.perf_counter() - started)
+            ended = time.perf_counter()
+            self.seconds.append(ended - started)
+            self.ends.append(ended)
 
     def remove(self) -> None:
         self.engine.step = self.inner
@@ -137,10 +159,11 @@ def run(ctx: BenchContext, progress) -> dict:
                 before = engine.runner.forward_passes
                 masker.calls.clear()
                 timer.seconds.clear()
-                masker.on = timer.on = constrained_run
-                rate, count = engine_run(engine, make())
+                timer.ends.clear()
+                masker.on, timer.on = constrained_run, True
+                count, first = engine_run(engine, make())
                 masker.on = timer.on = False
-                runs[name].append(rate)
+                runs[name].append(decode_rate(count, first, timer.ends))
                 counts[name].append(count)
                 passes[name].append((engine.runner.forward_passes - before) / max(count, 1))
                 if constrained_run and name == "maskd json_schema":
@@ -179,7 +202,7 @@ def run(ctx: BenchContext, progress) -> dict:
         "tables": [
             {"title": f"Decode speed ({loaded.name} on {loaded.device}, prompt {len(prompt)} tokens, up to "
                       f"{sizes.tokens} new tokens, {sizes.rounds} interleaved rounds)",
-             "columns": ["decoding", "median tok/s", "min", "max", "tokens", "forward passes / token"],
+             "columns": ["decoding", "median decode tok/s", "min", "max", "tokens", "forward passes / token"],
              "rows": rows},
             {"title": "Mask cost in the engine (constrained runs)",
              "columns": ["measure", "p50", "p90", "p99", "n"],
