@@ -193,6 +193,9 @@ class Engine:
         for seq in [s for s in self._running + list(self._waiting) if s.cancelled]:
             self._finish(seq, "cancelled")
         seqs, logits = self.scheduler.forward()
+        while self.scheduler.failed:
+            seq, why = self.scheduler.failed.pop()
+            self._finish(seq, "error", error=why)
         if seqs:
             self._advance(seqs, logits)
             self.metrics.stepped(seqs, time.perf_counter())

@@ -67,6 +67,7 @@ class Scheduler:
         self.joining: Sequence | None = None
         self.parked: list[Sequence] = []  # prefilled but for the last chunk; constraint not ready
         self.rows: list[Sequence] = []  # the running batch, in the order they joined
+        self.failed: list[tuple[Sequence, str]] = []  # not admitted after all, and why: the engine ends them
 
     @property
     def running(self) -> list[Sequence]:
@@ -109,7 +110,12 @@ class Scheduler:
                 self.parked.remove(resumed)
                 self.prefilling = resumed
             elif self.waiting and self.slots.admissible(self._reservation(self.waiting[0])):
-                self._admit(self.waiting.popleft())
+                seq = self.waiting.popleft()
+                try:
+                    self._admit(seq)
+                except torch.OutOfMemoryError as exc:  # growing the KV failed: this request alone fails
+                    self.failed.append((seq, f"out of memory growing the KV cache for it ({exc}); lower "
+                                             "--kv-cache-mb or --max-batch"))
         if self.prefilling is not None and len(self.prefilling.next_input) <= self.prefill_chunk \
                 and not _ready(self.prefilling):
             self.parked.append(self.prefilling)  # its first token needs its grammar

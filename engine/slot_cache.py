@@ -99,7 +99,7 @@ class SlotCache:
         self.values: list[torch.Tensor] = []
         self.lengths = [0] * num_slots  # tokens held by each slot
         self.reserved: dict[int, int] = {}  # open slot -> tokens it may hold
-        self._pass: tuple | None = None  # (lo, counts, width, write rows [N], write columns [N], positions [N])
+        self._pass: tuple | None = None  # (lo, counts, width, and [N] each: slot, input row, input column, position)
 
     # ---- sizes and admission ----------------------------------------------------------------
 
@@ -142,7 +142,11 @@ class SlotCache:
         slot = self._free_slot()
         self.reserved[slot] = reservation
         self.lengths[slot] = 0
-        self._grow(max(self.reserved) + 1, self._round(max(self.reserved.values())))
+        try:
+            self._grow(max(self.reserved) + 1, self._round(max(self.reserved.values())))
+        except BaseException:  # out of memory: the row is not admitted, the others keep their KV
+            del self.reserved[slot]
+            raise
         return slot
 
     def close(self, slot: int) -> None:
@@ -166,14 +170,14 @@ class SlotCache:
                 capacity = roomier
                 break
         keep_slots, keep_capacity = min(slots, have_slots), min(capacity, have_capacity)
-        keys, values = [], []
+        if not self.keys:
+            self.keys, self.values = [None] * len(self.shape.heads), [None] * len(self.shape.heads)
         for layer, (h, d) in enumerate(zip(self.shape.heads, self.shape.head_dims)):
-            for old, new in ((self.keys, keys), (self.values, values)):
+            for tensors in (self.keys, self.values):  # one layer at a time: the peak is the new tensors + one old
                 grown = torch.zeros(slots, h, capacity, d, dtype=self.shape.dtype, device=self.device)
-                if old:
-                    grown[:keep_slots, :, :keep_capacity] = old[layer][:keep_slots, :, :keep_capacity]
-                new.append(grown)
-        self.keys, self.values = keys, values
+                if tensors[layer] is not None:
+                    grown[:keep_slots, :, :keep_capacity] = tensors[layer][:keep_slots, :, :keep_capacity]
+                tensors[layer] = grown
 
     # ---- prefix segments --------------------------------------------------------------------
 
@@ -204,17 +208,26 @@ class SlotCache:
         width = max(n + c for n, c in zip(lengths, counts))
         if width > self.allocated[1]:
             raise RuntimeError(f"a pass needs {width} KV columns; slots hold {self.allocated[1]}")
-        ids = torch.zeros(hi - lo, T, dtype=torch.long)  # [B, T]
+        # Everything a pass needs from the host is built on the host and crosses in one copy; nothing
+        # here waits for the device (no nonzero() or .item() on device tensors).
+        B = hi - lo
+        ids = torch.zeros(B, T, dtype=torch.long)  # [B, T]
         for b, row in enumerate(tokens):
             if row:
                 ids[b, T - len(row):] = torch.tensor(row)
-        dev = self.device
-        length = torch.tensor(lengths, device=dev).unsqueeze(1)  # [B, 1]
-        offset = torch.arange(T, device=dev) - (T - torch.tensor(counts, device=dev)).unsqueeze(1)  # [B, T]
+        offset = torch.arange(T) - (T - torch.tensor(counts)).unsqueeze(1)  # [B, T]
         real = offset >= 0  # [B, T]; False: padding or a slot that does not step
-        positions = length + offset.clamp(min=0)  # [B, T]
-        write_rows, write_cols = real.nonzero(as_tuple=True)  # [N], [N]
-        self._pass = (lo, counts, width, write_rows, write_cols, positions[write_rows, write_cols])
+        positions = torch.tensor(lengths).unsqueeze(1) + offset.clamp(min=0)  # [B, T]
+        rows, cols = real.nonzero(as_tuple=True)  # [N], [N]
+        n = len(rows)
+        host = torch.cat([ids.flatten(), positions.flatten(), real.flatten().long(), lo + rows, rows, cols,
+                          positions[rows, cols]])  # [3BT + 4N]
+        dev = self.device
+        packed = host.to(dev, non_blocking=True)  # from pageable memory: staged, no wait for the device
+        ids, positions, real = (packed[i * B * T:(i + 1) * B * T].view(B, T) for i in range(3))
+        real = real.bool()
+        slots, rows, cols, written = (packed[3 * B * T + i * n:3 * B * T + (i + 1) * n] for i in range(4))
+        self._pass = (lo, counts, width, slots, rows, cols, written)
         columns = torch.arange(width, device=dev)  # [W]
         causal = columns <= positions.unsqueeze(2)  # [B, T, W]
 
@@ -231,16 +244,16 @@ class SlotCache:
             attention_mask = {kind: mask(window) for kind, window in self.layout.by_type.items()}
         else:
             attention_mask = mask(self.layout.window)
-        return {"input_ids": ids.to(dev), "position_ids": positions, "attention_mask": attention_mask}
+        return {"input_ids": ids, "position_ids": positions, "attention_mask": attention_mask}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """key_states, value_states: [B, H, T, D] of this pass. Writes the real tokens' KV into the
         slots and returns the keys and values attention reads, [B, H, W, D] views."""
-        lo, counts, width, rows, cols, positions = self._pass
+        lo, counts, width, slots, rows, cols, positions = self._pass
         hi = lo + len(counts)
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        k[lo + rows, :, positions] = key_states[rows, :, cols]  # [N, H, D]
-        v[lo + rows, :, positions] = value_states[rows, :, cols]
+        k[slots, :, positions] = key_states[rows, :, cols]  # [N, H, D]
+        v[slots, :, positions] = value_states[rows, :, cols]
         return k[lo:hi, :, :width], v[lo:hi, :, :width]
 
     def end(self, completed: bool = True) -> None:

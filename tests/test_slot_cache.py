@@ -163,3 +163,29 @@ def test_a_request_may_turn_extension_off(tiny_model, smollm_tokenizer):
     driver.submit(prompts((10,), seed=6)[0], constraint=ForcesRun(run), max_tokens=3 + len(run), forced_extend=False)
     driver.run()
     assert driver.engine.runner.forward_passes == 1 + 2 + len(run)  # prefill, then a pass per token
+
+
+def test_out_of_memory_growing_the_kv_fails_that_request_alone(tiny_model, smollm_tokenizer, monkeypatch):
+    """The allocator refusing the bigger tensors a newcomer needs (simulated: our own _grow raises
+    what torch raises) ends the newcomer with an error; the running row keeps its KV and tokens."""
+    small, big = prompts((20, 600), seed=7)
+    alone = Driver(tiny_model, smollm_tokenizer)
+    expected = alone.submit(small, max_tokens=12)
+    alone.run()
+    driver = Driver(tiny_model, smollm_tokenizer)
+    running = driver.submit(small, max_tokens=12)
+    driver.engine._drain_inbox()
+    driver.engine.step()
+    slots = driver.engine.scheduler.slots
+    grow = slots._grow
+
+    def refuse(n_slots, capacity):
+        if capacity > slots.allocated[1]:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        grow(n_slots, capacity)
+    monkeypatch.setattr(slots, "_grow", refuse)
+    newcomer = driver.submit(big, max_tokens=400)
+    driver.run()
+    last = driver.events[newcomer.request_id][-1]
+    assert last.finish_reason == "error" and "out of memory" in last.error
+    assert driver.tokens(running) == alone.tokens(expected)

@@ -105,6 +105,7 @@ class BenchContext:
         from engine.model_loader import load_model
         from engine.registry import load_registry
         from grammars import GrammarCompiler, TokenVocabulary
+        from grammars.forced_text import ForcedText
         from server.state import ServerState
 
         loaded = load_model(load_registry(self.models).get(self.model), device=self.device)
@@ -114,6 +115,7 @@ class BenchContext:
         masker = TimedMasker(ConstraintMasker(loaded.vocab_size, 8))
         engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
                         logits_hooks=[masker], prefix_cache_bytes=512 << 20)  # as `maskd serve`
+        engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)
         engine.start()
         state = ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
                             compiler, vocabulary)
@@ -149,6 +151,7 @@ class BenchContext:
         from engine.constraint_hook import ConstraintMasker
         from engine.engine import Engine
         from grammars import GrammarCompiler
+        from grammars.forced_text import ForcedText
         from server.app import create_app
         from server.bench.live_server import _free_port
         from server.state import ServerState
@@ -163,6 +166,7 @@ class BenchContext:
         engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
                         max_batch=16, logits_hooks=[ConstraintMasker(loaded.vocab_size, 16)],
                         prefix_cache_bytes=512 << 20)
+        engine.forced_text = ForcedText(stack.vocabulary, loaded.tokenizer)  # as `maskd serve`
         state = ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
                             compiler, stack.vocabulary, default_max_tokens=4096)
         port = _free_port()

@@ -1,0 +1,327 @@
+"""Suite `engine`: the engine step, all modes in one run.
+
+- forced: BFCL tool calls (tool_choice required) through the live server with forced-text
+  extension on and off, interleaved call by call: forward passes per generated token (from
+  /metrics), seconds per call, valid calls. Each tool is called once before, so that compiling its
+  grammar units is not counted.
+- step: 8 rows decoding at a short and a long context (100 and 3,000 prompt tokens): maskd's whole
+  engine step (forward, sampling, events) against a bare forward of the same shapes over
+  transformers' preallocated StaticCache, in alternating blocks.
+- prefill: a long prompt arriving while 7 rows decode: the rows' time between tokens (p50, p99)
+  before and during its prefill, one chunk's time, and the newcomer's time to first token against
+  prefilling it alone.
+- soak: prompts of mixed lengths up to the context limit under a KV budget smaller than their sum:
+  requests finished, refused (can never fit), the scheduler's integrity checked after every step,
+  and the peak KV bytes against the budget.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+from server.bench.stats import fmt, pct
+
+
+def _engine(loaded, **kwargs):
+    from engine.constraint_hook import ConstraintMasker
+    from engine.engine import Engine
+
+    kwargs.setdefault("max_batch", 8)
+    return Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
+                  logits_hooks=[ConstraintMasker(loaded.vocab_size, kwargs["max_batch"])], **kwargs)
+
+
+class Stepper:
+    """An engine stepped from this thread (never started): each step timed, its events collected."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.events = engine, {}
+
+    def submit(self, prompt: list[int], max_tokens: int):
+        from engine.sampling import SamplingParams
+        from engine.sequence import Request
+
+        request = Request(prompt_ids=prompt, params=SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                                   ignore_eos=True))
+        times = self.events[request.request_id] = []
+        request.emit = lambda event: times.append(time.perf_counter())
+        request.submitted_at = time.perf_counter()
+        self.engine.submit(request)
+        return request
+
+    def step(self) -> float:
+        started = time.perf_counter()
+        self.engine._drain_inbox()
+        self.engine.step()
+        if self.engine.runner.device.type == "cuda":  # a prefill-only step has no host sync of its own
+            import torch
+            torch.cuda.synchronize(self.engine.runner.device)
+        return time.perf_counter() - started
+
+    def busy(self) -> bool:
+        self.engine._drain_inbox()
+        return bool(self.engine._running or self.engine._waiting)
+
+    def decoding(self, rows: int) -> bool:
+        s = self.engine.scheduler
+        return len(s.rows) == rows and s.prefilling is None and s.joining is None and not s.waiting
+
+
+def _prompts(vocab: int, lengths, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(n)] for n in lengths]
+
+
+def _bare_steps(loaded, context: int, steps: int):
+    """Times of bare decode forwards of 8 rows over a StaticCache holding `context` tokens."""
+    import torch
+    from transformers import StaticCache
+
+    from engine.model_runner import cache_kwarg
+
+    model, device = loaded.model, loaded.device
+    cache = StaticCache(config=model.config, max_cache_len=context + steps + 2)
+    kwarg = cache_kwarg(model)
+    ids = torch.full((8, 1), 200, dtype=torch.long, device=device)  # [8, 1]
+    times = []
+    with torch.inference_mode():
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kwarg: cache})  # allocates the layers
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(context)  # as if `context` tokens were cached: same shapes, same work
+        for i in range(steps):
+            position = torch.full((8, 1), context + i, dtype=torch.long, device=device)  # [8, 1]
+            started = time.perf_counter()
+            logits = model(input_ids=ids, position_ids=position, use_cache=True, logits_to_keep=1,
+                           **{kwarg: cache}).logits
+            logits.argmax(-1).tolist()  # the host sync a step pays for its tokens
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def _cached_context(engine, loaded, context: int) -> list[int]:
+    """Puts `context` tokens of random KV in the engine's prefix cache and returns their ids: rows
+    whose prompts start with them are admitted by one copy into their slot (the prefix-hit path),
+    instead of prefilling 8 x `context` tokens, which the timing does not need (KV values do not
+    change a step's work)."""
+    import torch
+
+    from engine.kv_segment import KVSegment
+
+    shape = engine.scheduler.slots.shape
+    prefix = _prompts(loaded.vocab_size, [context], seed=context)[0]
+    data = torch.randn(len(shape.heads), 2, shape.heads[0], context, shape.head_dims[0], dtype=shape.dtype,
+                       device=loaded.device)  # [L, 2, H, n, D]
+    engine.scheduler.prefix_cache.insert(prefix, KVSegment(data))
+    return prefix
+
+
+def step_times(loaded, context: int, steps: int, blocks: int, progress_bar) -> dict:
+    from engine.slot_cache import KVShape
+
+    shape = KVShape.probe(loaded.model, loaded.device)
+    engine = _engine(loaded, prefix_cache_bytes=2 * context * shape.bytes_per_token, prefill_chunk=512)
+    stepper = Stepper(engine)
+    prefix = _cached_context(engine, loaded, context)
+    rows = [stepper.submit(prefix + [200 + i], max_tokens=steps + 8) for i in range(8)]
+    while not stepper.decoding(8):
+        stepper.step()
+    ours, bare = [], []
+    per_block = max(1, steps // blocks)
+    for _ in range(blocks):  # alternate, so that machine noise hits both alike
+        ours += [stepper.step() for _ in range(per_block)]
+        bare += _bare_steps(loaded, context, per_block)
+        progress_bar.update()
+    for request in rows:
+        engine.cancel(request.request_id)
+    while stepper.busy():
+        stepper.step()
+    engine.shutdown()
+    return {"context": context, "maskd_ms": 1000 * statistics.median(ours), "bare_ms": 1000 * statistics.median(bare),
+            "ratio": statistics.median(ours) / statistics.median(bare), "steps": len(ours)}
+
+
+def prefill_interference(loaded, short: int, long: int, chunk: int) -> dict:
+    prompts = _prompts(loaded.vocab_size, [short] * 7 + [long], seed=7)
+    alone = Stepper(_engine(loaded, prefix_cache_bytes=0, prefill_chunk=chunk))
+    newcomer = alone.submit(prompts[7], max_tokens=1)
+    chunk_times = []
+    while alone.busy():
+        chunk_times.append(alone.step())
+    ttft_alone = alone.events[newcomer.request_id][0] - newcomer.submitted_at
+    alone.engine.shutdown()
+
+    mixed = Stepper(_engine(loaded, prefix_cache_bytes=0, prefill_chunk=chunk))
+    rows = [mixed.submit(p, max_tokens=10_000) for p in prompts[:7]]
+    while not mixed.decoding(7):
+        mixed.step()
+    before = [mixed.step() for _ in range(8)]
+    newcomer = mixed.submit(prompts[7], max_tokens=1)
+    during = []
+    while not mixed.events[newcomer.request_id]:
+        during.append(mixed.step())
+    ttft = mixed.events[newcomer.request_id][0] - newcomer.submitted_at
+    for request in rows:
+        mixed.engine.cancel(request.request_id)
+    while mixed.busy():
+        mixed.step()
+    mixed.engine.shutdown()
+    return {"short": short, "long": long, "chunk": chunk, "tbt_before_p50_ms": 1000 * pct(before, 0.5),
+            "tbt_during_p50_ms": 1000 * pct(during, 0.5), "tbt_during_p99_ms": 1000 * pct(during, 0.99),
+            "chunk_ms": 1000 * statistics.median(chunk_times), "ttft_s": ttft, "ttft_alone_s": ttft_alone,
+            "ttft_ratio": ttft / ttft_alone,
+            "tbt_bound_ms": 1000 * (statistics.median(chunk_times) + pct(before, 0.99))}
+
+
+def soak(loaded, lengths: list[int], budget_tokens: int, new_tokens: int) -> dict:
+    from engine.engine import PromptTooLong
+    from engine.slot_cache import KVShape
+
+    shape = KVShape.probe(loaded.model, loaded.device)
+    budget = budget_tokens * shape.bytes_per_token
+    engine = _engine(loaded, prefix_cache_bytes=0, kv_cache_bytes=budget, prefill_chunk=512)
+    stepper = Stepper(engine)
+    finished, refused, requests = 0, [], []
+    for prompt in _prompts(loaded.vocab_size, lengths, seed=11):
+        try:
+            requests.append(stepper.submit(prompt, max_tokens=new_tokens))
+        except PromptTooLong as exc:
+            refused.append((len(prompt), str(exc)))
+    peak, steps, most_rows = 0, 0, 0
+    while stepper.busy():
+        stepper.step()
+        engine.check_integrity()  # slots, lengths, prefix locks; and the KV tensors within the budget
+        peak = max(peak, engine.scheduler.slots.nbytes())
+        most_rows = max(most_rows, engine.scheduler.num_running)
+        steps += 1
+    finished = sum(1 for r in requests if len(stepper.events[r.request_id]) >= 1)
+    engine.shutdown()
+    return {"prompts": len(lengths), "prompt_tokens": sum(lengths), "budget_tokens": budget_tokens,
+            "budget_bytes": budget, "peak_bytes": peak, "finished": finished, "submitted": len(requests),
+            "refused": [n for n, _ in refused], "refusal": refused[0][1] if refused else None,
+            "most_running": most_rows, "steps": steps}
+
+
+def forced_calls(ctx, functions: dict[str, dict], max_tokens: int, progress_bar) -> list[dict]:
+    import httpx
+
+    from server.bench.live_server import metric
+    from server.bench.tools import body, check
+
+    url, spec = ctx.server_url(), ctx.spec()
+    records = []
+    with httpx.Client(timeout=900) as client:
+        for i, (name, params) in enumerate(functions.items()):
+            request = body(spec.name, {name: params}, "required", max_tokens, {})
+            client.post(f"{url}/v1/chat/completions", json=request)  # compiles the units, caches the prompt
+            modes = (True, False) if i % 2 == 0 else (False, True)  # alternate which mode goes first
+            for extend in modes:
+                passes = metric(url, "maskd_forward_passes_total")
+                started = time.perf_counter()
+                reply = client.post(f"{url}/v1/chat/completions", json={**request, "forced_extend": extend})
+                seconds = time.perf_counter() - started
+                passes = metric(url, "maskd_forward_passes_total") - passes
+                if reply.status_code != 200:
+                    records.append({"tool": name, "extend": extend, "verdict": "refused", "seconds": seconds})
+                    continue
+                data = reply.json()
+                choice = data["choices"][0]
+                calls = [(c["function"]["name"], c["function"]["arguments"])
+                         for c in choice["message"].get("tool_calls") or []]
+                records.append({"tool": name, "extend": extend, "seconds": seconds, "passes": passes,
+                                "tokens": data["usage"]["completion_tokens"],
+                                "verdict": check(calls, choice["finish_reason"], {name: params})})
+            progress_bar.update()
+    return records
+
+
+def run(ctx, progress) -> dict:
+    from server.bench.schemas import function_rows, functions_of
+
+    sizes, tiny, quick = ctx.sizes, ctx.tiny, ctx.quick
+    contexts = (16, 64) if tiny else (100, 3000)
+    steps, blocks = (4, 2) if tiny else ((24, 4) if quick else (64, 8))
+    long_prompt, chunk = (96, 32) if tiny else (3000, 512)
+    functions: dict[str, dict] = {}
+    for row in function_rows(ctx.rows):
+        for name, params in functions_of(row["schema"]).items():
+            functions.setdefault(name, params)
+    functions = dict(list(functions.items())[: 2 if tiny else (12 if quick else 40)])
+    context_limit = ctx.stack().loaded.context_length
+    soak_lengths = [48, 20, 90, 200, 30, 60, 140] if tiny else [
+        min(context_limit - 1, n) for n in (context_limit, 5000, 300, 2500, 100, 1200, 50, 700)]
+    soak_budget = 160 if tiny else 6000  # tokens: below the sum of the prompts, above all but the first
+
+    bar = progress("engine", len(contexts) * blocks + 2 + len(functions))
+    loaded = ctx.stack().loaded
+    try:
+        steps_rows = [step_times(loaded, c, steps, blocks, bar) for c in contexts]
+        prefill = prefill_interference(loaded, contexts[0], long_prompt, chunk)
+        bar.update()
+        soaked = soak(loaded, soak_lengths, soak_budget, 4 if tiny else 16)
+        bar.update()
+        forced = forced_calls(ctx, functions, sizes.tool_tokens, bar)
+    finally:
+        bar.close()
+
+    by_mode = {}
+    for extend in (True, False):
+        rs = [r for r in forced if r["extend"] == extend and r["verdict"] != "refused"]
+        tokens = sum(r["tokens"] for r in rs)
+        by_mode[extend] = {"calls": len(rs), "valid": sum(r["verdict"] == "valid" for r in rs),
+                           "passes_per_token": sum(r["passes"] for r in rs) / tokens if tokens else None,
+                           "seconds": statistics.median([r["seconds"] for r in rs]) if rs else None}
+    on, off = by_mode[True], by_mode[False]
+    ratios = {"forward passes per generated token (extend on)": on["passes_per_token"],
+              "seconds per call, extend on / off": on["seconds"] / off["seconds"] if on["seconds"] and off["seconds"]
+              else None}
+    for row in steps_rows:
+        ratios[f"decode step, maskd / bare StaticCache forward, 8 rows at {row['context']} tokens"] = row["ratio"]
+    ratios["time to first token of the long prompt, beside 7 decoding rows / alone"] = prefill["ttft_ratio"]
+    tables = [
+        {"title": "Forced text in one pass: BFCL tool calls, tool_choice required, live server",
+         "columns": ["forced extend", "calls", "valid", "passes / generated token", "median s / call"],
+         "rows": [[("on" if e else "off"), str(m["calls"]), str(m["valid"]), fmt(m["passes_per_token"], ".2f"),
+                   fmt(m["seconds"], ".3f")] for e, m in by_mode.items()]},
+        {"title": "Decode step of 8 rows: maskd engine vs a bare forward over a StaticCache (medians)",
+         "columns": ["context tokens", "maskd ms", "bare ms", "maskd / bare", "steps"],
+         "rows": [[str(r["context"]), fmt(r["maskd_ms"]), fmt(r["bare_ms"]), fmt(r["ratio"], ".2f"), str(r["steps"])]
+                  for r in steps_rows]},
+        {"title": f"A {prefill['long']}-token prompt arriving while 7 rows decode (chunk {prefill['chunk']})",
+         "columns": ["TBT before p50 ms", "TBT during p50 ms", "TBT during p99 ms", "one chunk ms",
+                     "bound: chunk + step p99 ms", "TTFT s", "TTFT alone s", "ratio"],
+         "rows": [[fmt(prefill["tbt_before_p50_ms"]), fmt(prefill["tbt_during_p50_ms"]),
+                   fmt(prefill["tbt_during_p99_ms"]), fmt(prefill["chunk_ms"]), fmt(prefill["tbt_bound_ms"]),
+                   fmt(prefill["ttft_s"], ".2f"), fmt(prefill["ttft_alone_s"], ".2f"), fmt(prefill["ttft_ratio"], ".2f")]]},
+        {"title": "Soak: mixed prompt lengths up to the context under a KV budget below their sum",
+         "columns": ["prompts", "prompt tokens", "budget tokens", "finished", "refused (never fit)",
+                     "peak KV MiB", "budget MiB", "most running"],
+         "rows": [[str(soaked["prompts"]), str(soaked["prompt_tokens"]), str(soaked["budget_tokens"]),
+                   f"{soaked['finished']}/{soaked['submitted']}", str(soaked["refused"]),
+                   fmt(soaked["peak_bytes"] / (1 << 20)), fmt(soaked["budget_bytes"] / (1 << 20)),
+                   str(soaked["most_running"])]]},
+    ]
+    notes = [f"Refusal message: {soaked['refusal']}"] if soaked["refusal"] else []
+    return {"forced": forced, "by_mode": {str(k): v for k, v in by_mode.items()}, "steps": steps_rows,
+            "prefill": prefill, "soak": soaked, "ratios": ratios, "tables": tables, "notes": notes}
+
+
+def plot(result: dict, path) -> None:
+    from server.bench.plots import figure
+
+    with figure(path, 3) as (ax1, ax2, ax3):
+        modes = result["by_mode"]
+        labels = ["on", "off"]
+        ax1.bar(labels, [modes["True"]["passes_per_token"] or 0, modes["False"]["passes_per_token"] or 0])
+        ax1.set_ylabel("forward passes / generated token"), ax1.set_title("forced extend (tool calls)", fontsize=9)
+        steps = result["steps"]
+        xs = range(len(steps))
+        ax2.bar([x - 0.2 for x in xs], [r["maskd_ms"] for r in steps], width=0.4, label="maskd step")
+        ax2.bar([x + 0.2 for x in xs], [r["bare_ms"] for r in steps], width=0.4, label="bare forward")
+        ax2.set_xticks(list(xs), [f"{r['context']} tok" for r in steps]), ax2.set_ylabel("ms (8 rows)")
+        ax2.legend(fontsize=7), ax2.set_title("decode step", fontsize=9)
+        p = result["prefill"]
+        ax3.bar(["before p50", "during p50", "during p99", "chunk"],
+                [p["tbt_before_p50_ms"], p["tbt_during_p50_ms"], p["tbt_during_p99_ms"], p["chunk_ms"]])
+        ax3.set_ylabel("ms"), ax3.set_title("time between tokens, long prompt arriving", fontsize=9)
