@@ -22,11 +22,11 @@ class ModelRunner:
         self._cache_kwarg = cache_kwarg(model)
 
     @torch.inference_mode()
-    def forward(self, slots: SlotCache, lo: int, tokens: list[list[int]]) -> torch.Tensor:
-        """Feeds tokens[b] to slot lo + b (a prompt chunk, one sampled token, or a sampled token and
+    def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
+        """Feeds tokens[b] to slot rows[b] (prompt chunks, one sampled token, or a sampled token and
         the run the grammar forced after it; [] for a slot that does not step). Returns logits
         [B, V] of each slot's last new token (rows that fed nothing get meaningless logits)."""
-        inputs = slots.begin(lo, lo + len(tokens), tokens)
+        inputs = slots.begin(rows, tokens)
         try:
             out = self.model(**inputs, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: slots})
         except BaseException:

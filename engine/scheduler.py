@@ -12,9 +12,10 @@ Where a request is, from submission to its end:
   reservations leave no room for it within the budget it waits at the head of the queue. The prefix
   cache gives the longest cached prefix of the prompt (all but its last token, so at least one token
   is prefilled and yields logits), copied once into the slot; the request locks that path.
-  At most one request prefills at a time.
-- forward: one step is at most `prefill_chunk` prompt tokens of the prefilling request (a pass over
-  its slot alone), then one pass over the rows' slots in which each row feeds every token it has
+  Several requests prefill at once, within one step's budget of `prefill_chunk` prompt tokens.
+- forward: one step is one pass of at most `prefill_chunk` prompt tokens, shared in arrival order by
+  the prefilling requests (a burst of short prompts prefills together), then one pass over the
+  rows' slots in which each row feeds every token it has
   pending: its sampled token and the run the grammar forced after it (jump-forward), so a forced run
   costs one pass, not one per token. With forced extension off (server flag or request field) a row
   feeds one token per pass and is sampled again only after the last of its run.
@@ -24,8 +25,7 @@ Where a request is, from submission to its end:
   the rows' tokens: the step's logits are [rows..., newcomer] in that order.
 - settle: after sampling, the newcomer joins the rows (its KV is already in its slot).
 - parked: a request whose constraint is not ready (its grammar units still compile) is prefilled up
-  to its last chunk and set aside in its slot; once ready it takes the prefill slot again, before
-  any newcomer. Its first token thus waits for its grammar, and no one else does.
+  to its last chunk and set aside in its slot; once ready it prefills again, before any newcomer. Its first token thus waits for its grammar, and no one else does.
 - release (finish, cancel, error): the row's prompt + output KV enters the prefix cache, its lock
   is dropped and its slot is free for the next admission; no other row moves.
 """
@@ -45,6 +45,8 @@ from engine.slot_cache import SlotCache
 
 log = logging.getLogger("maskd.scheduler")
 
+SHARED_PREFIX_WAIT = 32  # prompt tokens shared with one being prefilled that make a newcomer wait for its KV
+
 
 class QueueFull(RuntimeError):
     """The waiting queue holds max_waiting requests; the server answers 429."""
@@ -63,8 +65,8 @@ class Scheduler:
         self.metrics = metrics
         self.extend = extend  # feed a forced run in one pass (requests may still opt out)
         self.waiting: deque[Sequence] = deque()
-        self.prefilling: Sequence | None = None
-        self.joining: Sequence | None = None
+        self.prefilling: list[Sequence] = []  # admitted, prompts not done, in arrival order
+        self.joining: list[Sequence] = []  # prompts done this step: first token sampled, join at settle
         self.parked: list[Sequence] = []  # prefilled but for the last chunk; constraint not ready
         self.rows: list[Sequence] = []  # the running batch, in the order they joined
         self.failed: list[tuple[Sequence, str]] = []  # not admitted after all, and why: the engine ends them
@@ -72,11 +74,11 @@ class Scheduler:
     @property
     def running(self) -> list[Sequence]:
         """Admitted and not finished: the batch rows, then the newcomer (if any)."""
-        return self.rows + [s for s in (self.joining, self.prefilling) if s is not None] + self.parked
+        return self.rows + self.joining + self.prefilling + self.parked
 
     @property
     def num_running(self) -> int:
-        return len(self.rows) + (self.joining is not None) + (self.prefilling is not None) + len(self.parked)
+        return len(self.rows) + len(self.joining) + len(self.prefilling) + len(self.parked)
 
     def has_work(self) -> bool:
         """Whether a forward pass would do something (parked requests alone wait for their grammar)."""
@@ -104,44 +106,80 @@ class Scheduler:
 
     def forward(self) -> tuple[list[Sequence], torch.Tensor | None]:
         """Runs this step's forward passes; returns the rows that get a token and their logits [B, V]."""
-        if self.prefilling is None:
-            resumed = next((s for s in self.parked if _ready(s)), None)
-            if resumed is not None:
-                self.parked.remove(resumed)
-                self.prefilling = resumed
-            elif self.waiting and self.slots.admissible(self._reservation(self.waiting[0])):
-                seq = self.waiting.popleft()
-                try:
-                    self._admit(seq)
-                except torch.OutOfMemoryError as exc:  # growing the KV failed: this request alone fails
-                    self.failed.append((seq, f"out of memory growing the KV cache for it ({exc}); lower "
-                                             "--kv-cache-mb or --max-batch"))
-        if self.prefilling is not None and len(self.prefilling.next_input) <= self.prefill_chunk \
-                and not _ready(self.prefilling):
-            self.parked.append(self.prefilling)  # its first token needs its grammar
-            self.prefilling = None
-        newcomer_logits = None
-        if self.prefilling is not None:
-            seq = self.prefilling
-            chunk = seq.next_input[: self.prefill_chunk]
-            logits = self.runner.forward(self.slots, seq.slot, [chunk])  # [1, V]
-            del seq.next_input[: len(chunk)]
-            self._count_pass()
-            if not seq.next_input:
-                self.prefilling, self.joining, newcomer_logits = None, seq, logits
-                self._cache_prompt(seq)
+        self._take_new()
+        newcomers, newcomer_logits = self._prefill()
         seqs, parts = [], []
         if self.rows:
             logits, sampled = self._decode()
             if sampled:
                 parts.append(logits)
                 seqs.extend(sampled)
-        if newcomer_logits is not None:
+        if newcomers:
             parts.append(newcomer_logits)
-            seqs.append(self.joining)
+            seqs.extend(newcomers)
         if not parts:
             return [], None
-        return seqs, parts[0] if len(parts) == 1 else torch.cat(parts)  # [B(+1), V]
+        return seqs, parts[0] if len(parts) == 1 else torch.cat(parts)  # [B(+k), V]
+
+    def _take_new(self) -> None:
+        """Parked requests whose grammar is ready, then waiting ones while the step's prefill budget
+        and the KV budget have room, start prefilling; one whose last chunk would come now while its
+        grammar is not ready is parked instead (its first token needs it)."""
+        ready = [s for s in self.parked if _ready(s)]
+        for seq in ready:
+            self.parked.remove(seq)
+        self.prefilling[:0] = ready
+        planned = sum(len(s.next_input) for s in self.prefilling)
+        while self.waiting and planned < self.prefill_chunk and not self._shares_pending_prefix(self.waiting[0]) \
+                and self.slots.admissible(self._reservation(self.waiting[0])):
+            seq = self.waiting.popleft()
+            try:
+                self._admit(seq)
+            except torch.OutOfMemoryError as exc:  # growing the KV failed: this request alone fails
+                self.failed.append((seq, f"out of memory growing the KV cache for it ({exc}); lower "
+                                         "--kv-cache-mb or --max-batch"))
+                continue
+            planned += len(seq.next_input)
+        for seq in [s for s in self.prefilling if len(s.next_input) <= self.prefill_chunk and not _ready(s)]:
+            self.prefilling.remove(seq)
+            self.parked.append(seq)
+
+    def _shares_pending_prefix(self, seq: Sequence) -> bool:
+        """Whether a request now prefilling will put more of seq's prompt in the prefix cache than it
+        holds today (agents sending the same system prompt at once): then seq waits for that and
+        hits it, rather than computing the same KV beside it."""
+        if self.prefix_cache is None or not self.prefilling:
+            return False
+        prompt = seq.request.prompt_ids
+        shared = max(_common_prefix(prompt, other.request.prompt_ids) for other in self.prefilling)
+        return shared >= min(SHARED_PREFIX_WAIT, len(prompt) - 1) and \
+            shared > self.prefix_cache.find(prompt[:-1]).length  # find: not counted as a lookup
+
+    def _prefill(self) -> tuple[list[Sequence], torch.Tensor | None]:
+        """One pass of at most prefill_chunk prompt tokens over the prefilling requests, in order;
+        returns those whose prompt is now done (first token next) and their logits [k, V]."""
+        budget, fed = self.prefill_chunk, []
+        for seq in self.prefilling:
+            if budget == 0:
+                break
+            fed.append((seq, seq.next_input[:budget]))
+            budget -= len(fed[-1][1])
+        if not fed:
+            return [], None
+        logits = self.runner.forward(self.slots, [seq.slot for seq, _ in fed], [chunk for _, chunk in fed])  # [k, V]
+        self._count_pass()
+        done = []
+        for i, (seq, chunk) in enumerate(fed):
+            del seq.next_input[: len(chunk)]
+            if not seq.next_input:
+                done.append(i)
+                self.prefilling.remove(seq)
+                self.joining.append(seq)
+                self._cache_prompt(seq)
+        if not done:
+            return [], None
+        index = torch.tensor(done, dtype=torch.long, device=logits.device)
+        return [fed[i][0] for i in done], logits.index_select(0, index)  # [k, V]
 
     def _decode(self) -> tuple[torch.Tensor, list[Sequence]]:
         """One pass over the rows' slots: each row feeds its pending tokens (all of them when it
@@ -153,7 +191,7 @@ class Scheduler:
             n = len(seq.next_input) if self.extend and seq.params.forced_extend else 1
             feeds[seq.slot - lo] = seq.next_input[:n]
             del seq.next_input[:n]
-        logits = self.runner.forward(self.slots, lo, feeds)  # [hi - lo, V]
+        logits = self.runner.forward(self.slots, list(range(lo, hi)), feeds)  # [hi - lo, V]
         self._count_pass(len(self.rows))
         sampled = [seq for seq in self.rows if not seq.next_input]
         if len(sampled) < hi - lo:
@@ -162,10 +200,9 @@ class Scheduler:
         return logits, sampled
 
     def settle(self) -> None:
-        """After the step's tokens were appended: the newcomer joins the rows."""
-        if self.joining is not None:
-            self.rows.append(self.joining)
-            self.joining = None
+        """After the step's tokens were appended: the newcomers join the rows."""
+        self.rows.extend(self.joining)
+        self.joining.clear()
 
     def _count_pass(self, batch_size: int = 0) -> None:
         if self.metrics is not None:
@@ -187,7 +224,7 @@ class Scheduler:
                 self.slots.write(seq.slot, match.kv())
                 seq.cached_tokens = match.length
                 del seq.next_input[: match.length]
-        self.prefilling = seq
+        self.prefilling.append(seq)
         if self.metrics is not None:
             self.metrics.admitted(seq)
 
@@ -221,10 +258,10 @@ class Scheduler:
             self.waiting.remove(seq)
         elif seq in self.parked:
             self.parked.remove(seq)
-        elif seq is self.prefilling:
-            self.prefilling = None
-        elif seq is self.joining:
-            self.joining = None
+        elif seq in self.prefilling:
+            self.prefilling.remove(seq)
+        elif seq in self.joining:
+            self.joining.remove(seq)
         elif seq in self.rows:
             self.rows.remove(seq)
             if keep_kv:
@@ -256,6 +293,15 @@ class Scheduler:
         locks = [s.prefix_node for s in running if s.prefix_node is not None and s.prefix_node.parent]
         total = sum(c.lock_ref for c in self.prefix_cache.root.children.values())
         assert total == len(locks), f"prefix cache holds {total} locks, running requests hold {len(locks)}"
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _ready(seq: Sequence) -> bool:

@@ -8,13 +8,13 @@ A row owns one slot from admission to release, and token i of the row lives in c
 slot. A forward pass writes each new token's KV where it belongs (index_put_), so no row is moved,
 re-padded or copied when another joins or leaves, and a prefix-cache hit is one copy into the slot.
 
-A pass covers a contiguous range of slots [lo, hi); slot b feeds n_b >= 0 new tokens, right-aligned
-in the [B, T] input so that the last column holds every stepping row's last token (logits_to_keep=1
-then gives the logits to sample from). Slots in the range that do not step (free, parked, being
-prefilled in a pass of their own) feed a dummy token that writes nothing; a row's padding queries
-write nothing either.
-
-Attention reads keys[l][lo:hi, :, :W] (a view; W = the longest row after the pass) under a 4D mask
+A pass feeds a list of slots; slot b feeds n_b >= 0 new tokens, right-aligned in the [B, T] input
+so that the last column holds every stepping row's last token (logits_to_keep=1 then gives the
+logits to sample from); padding queries write nothing. The decode pass covers the run of slots
+[lo, hi) from the lowest running row to the highest; slots in it that do not step (free, parked,
+being prefilled) feed a dummy token that writes nothing. Attention then reads keys[l][lo:hi, :, :W]
+(a view; W = the longest row after the pass). A prefill pass of several prompts at once feeds just
+their slots and reads a gathered copy of their (short) KV. Either way the mask is
 built from each row's real length: the token at position p sees columns <= p, and on a
 sliding-window layer only those > p - window. Sliding layers therefore keep every token and the
 mask holds the window, which keeps a row's distances exact and lets the prefix cache cut segments
@@ -99,7 +99,7 @@ class SlotCache:
         self.values: list[torch.Tensor] = []
         self.lengths = [0] * num_slots  # tokens held by each slot
         self.reserved: dict[int, int] = {}  # open slot -> tokens it may hold
-        self._pass: tuple | None = None  # (lo, counts, width, and [N] each: slot, input row, input column, position)
+        self._pass: tuple | None = None  # slots, counts, width; [N] each: slot, input row, column, position; read
 
     # ---- sizes and admission ----------------------------------------------------------------
 
@@ -197,20 +197,24 @@ class SlotCache:
 
     # ---- one forward pass -------------------------------------------------------------------
 
-    def begin(self, lo: int, hi: int, tokens: list[list[int]]) -> dict:
-        """Inputs of a pass over slots [lo, hi) feeding tokens[b] to slot lo + b (possibly none).
+    def begin(self, slots: list[int], tokens: list[list[int]]) -> dict:
+        """Inputs of a pass feeding tokens[b] (possibly none) to slots[b].
 
         Returns input_ids [B, T], position_ids [B, T] and attention_mask (a [B, 1, T, W] mask, or a
-        dict of them by layer type) for the model; its attention layers then call update()."""
+        dict of them by layer type) for the model; its attention layers then call update(). A pass
+        over a run of consecutive slots reads their KV in place; any other set of slots (several
+        prompts prefilled together) reads a gathered copy of theirs."""
         counts = [len(t) for t in tokens]
         T = max(counts)
-        lengths = self.lengths[lo:hi]
+        lengths = [self.lengths[slot] for slot in slots]
         width = max(n + c for n, c in zip(lengths, counts))
         if width > self.allocated[1]:
             raise RuntimeError(f"a pass needs {width} KV columns; slots hold {self.allocated[1]}")
+        lo = slots[0]
+        run = slots == list(range(lo, lo + len(slots)))
         # Everything a pass needs from the host is built on the host and crosses in one copy; nothing
         # here waits for the device (no nonzero() or .item() on device tensors).
-        B = hi - lo
+        B = len(slots)
         ids = torch.zeros(B, T, dtype=torch.long)  # [B, T]
         for b, row in enumerate(tokens):
             if row:
@@ -220,14 +224,16 @@ class SlotCache:
         positions = torch.tensor(lengths).unsqueeze(1) + offset.clamp(min=0)  # [B, T]
         rows, cols = real.nonzero(as_tuple=True)  # [N], [N]
         n = len(rows)
-        host = torch.cat([ids.flatten(), positions.flatten(), real.flatten().long(), lo + rows, rows, cols,
-                          positions[rows, cols]])  # [3BT + 4N]
+        where = torch.tensor(slots)  # [B]
+        host = torch.cat([ids.flatten(), positions.flatten(), real.flatten().long(), where[rows], rows, cols,
+                          positions[rows, cols], where])  # [3BT + 4N + B]
         dev = self.device
         packed = host.to(dev, non_blocking=True)  # from pageable memory: staged, no wait for the device
         ids, positions, real = (packed[i * B * T:(i + 1) * B * T].view(B, T) for i in range(3))
         real = real.bool()
-        slots, rows, cols, written = (packed[3 * B * T + i * n:3 * B * T + (i + 1) * n] for i in range(4))
-        self._pass = (lo, counts, width, slots, rows, cols, written)
+        at, rows, cols, written = (packed[3 * B * T + i * n:3 * B * T + (i + 1) * n] for i in range(4))
+        read = slice(lo, lo + B) if run else packed[3 * B * T + 4 * n:]  # [B] slots, when not a run
+        self._pass = (slots, counts, width, at, rows, cols, written, read)
         columns = torch.arange(width, device=dev)  # [W]
         causal = columns <= positions.unsqueeze(2)  # [B, T, W]
 
@@ -249,20 +255,21 @@ class SlotCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """key_states, value_states: [B, H, T, D] of this pass. Writes the real tokens' KV into the
         slots and returns the keys and values attention reads, [B, H, W, D] views."""
-        lo, counts, width, slots, rows, cols, positions = self._pass
-        hi = lo + len(counts)
+        _, _, width, at, rows, cols, positions, read = self._pass
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        k[slots, :, positions] = key_states[rows, :, cols]  # [N, H, D]
-        v[slots, :, positions] = value_states[rows, :, cols]
-        return k[lo:hi, :, :width], v[lo:hi, :, :width]
+        k[at, :, positions] = key_states[rows, :, cols]  # [N, H, D]
+        v[at, :, positions] = value_states[rows, :, cols]
+        if isinstance(read, slice):
+            return k[read, :, :width], v[read, :, :width]  # views
+        return k[:, :, :width].index_select(0, read), v[:, :, :width].index_select(0, read)  # copies
 
     def end(self, completed: bool = True) -> None:
         """After the pass: each slot holds its new tokens. A pass that failed (completed=False) adds
         none: what it wrote lies beyond the rows' lengths and is overwritten later."""
-        lo, counts = self._pass[:2]
+        slots, counts = self._pass[:2]
         if completed:
-            for b, c in enumerate(counts):
-                self.lengths[lo + b] += c
+            for slot, c in zip(slots, counts):
+                self.lengths[slot] += c
         self._pass = None
 
     # transformers asks a cache for these in places; the masks and positions we pass make them moot.

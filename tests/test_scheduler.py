@@ -200,3 +200,29 @@ def test_a_request_without_max_tokens_gets_the_server_default(tiny_model, smollm
         asked = http.post("/v1/chat/completions", json={
             "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True, "max_tokens": 7})
         assert asked.json()["usage"]["completion_tokens"] == 7  # a client's own max_tokens is not capped
+
+
+def test_a_burst_of_short_prompts_prefills_in_one_pass(tiny_model, smollm_tokenizer):
+    """Four prompts arriving together share one step's prefill budget: one pass, four first tokens,
+    each row's tokens those it gives alone."""
+    ps = prompts((9, 14, 5, 20), seed=9)
+    serial = [alone(tiny_model, smollm_tokenizer, p, max_tokens=6) for p in ps]
+    driver = Driver(tiny_model, smollm_tokenizer, prefill_chunk=64)
+    requests = [driver.submit(p, max_tokens=6) for p in ps]
+    driver.step()
+    assert driver.engine.runner.forward_passes == 1
+    assert [len(driver.tokens(r)) for r in requests] == [1, 1, 1, 1]
+    driver.run()
+    assert [driver.tokens(r) for r in requests] == serial
+
+
+def test_a_prompt_over_the_budget_waits_its_turn_in_the_same_pass(tiny_model, smollm_tokenizer):
+    """Budget 16 a step: the first prompt (12) and 4 tokens of the second (10) go in the first pass."""
+    a, b = prompts((12, 10), seed=10)
+    driver = Driver(tiny_model, smollm_tokenizer, prefill_chunk=16)
+    first, second = driver.submit(a, max_tokens=4), driver.submit(b, max_tokens=4)
+    driver.step()
+    assert len(driver.tokens(first)) == 1 and not driver.tokens(second)
+    assert len(driver.engine.scheduler.prefilling[0].next_input) == 6
+    driver.run()
+    assert driver.tokens(second) == alone(tiny_model, smollm_tokenizer, b, max_tokens=4)

@@ -66,7 +66,19 @@ class Stepper:
 
     def decoding(self, rows: int) -> bool:
         s = self.engine.scheduler
-        return len(s.rows) == rows and s.prefilling is None and s.joining is None and not s.waiting
+        return len(s.rows) == rows and not s.prefilling and not s.joining and not s.waiting
+
+    def until_decoding(self, rows: int, most_steps: int = 10_000) -> None:
+        """Steps until `rows` rows decode together; raises if they never do (e.g. a KV budget that
+        cannot hold them all), rather than looping forever."""
+        for _ in range(most_steps):
+            if self.decoding(rows):
+                return
+            self.step()
+            if not self.busy():
+                break
+        raise RuntimeError(f"{rows} rows never decoded together (KV budget: "
+                           f"{self.engine.scheduler.slots.budget_bytes >> 20} MiB)")
 
 
 def _prompts(vocab: int, lengths, seed: int) -> list[list[int]]:
@@ -125,8 +137,7 @@ def step_times(loaded, context: int, steps: int, blocks: int, progress_bar) -> d
     stepper = Stepper(engine)
     prefix = _cached_context(engine, loaded, context)
     rows = [stepper.submit(prefix + [200 + i], max_tokens=steps + 8) for i in range(8)]
-    while not stepper.decoding(8):
-        stepper.step()
+    stepper.until_decoding(8)
     ours, bare = [], []
     per_block = max(1, steps // blocks)
     for _ in range(blocks):  # alternate, so that machine noise hits both alike
@@ -153,9 +164,8 @@ def prefill_interference(loaded, short: int, long: int, chunk: int) -> dict:
     alone.engine.shutdown()
 
     mixed = Stepper(_engine(loaded, prefix_cache_bytes=0, prefill_chunk=chunk))
-    rows = [mixed.submit(p, max_tokens=10_000) for p in prompts[:7]]
-    while not mixed.decoding(7):
-        mixed.step()
+    rows = [mixed.submit(p, max_tokens=128) for p in prompts[:7]]  # enough to outlast the long prefill
+    mixed.until_decoding(7)
     before = [mixed.step() for _ in range(8)]
     newcomer = mixed.submit(prompts[7], max_tokens=1)
     during = []
