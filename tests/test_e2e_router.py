@@ -171,6 +171,7 @@ def test_the_router_forwards_every_field_maskd_reads():
     client's values. The router re-serializes chat bodies (max_tokens arrives as
     max_completion_tokens, which maskd reads alike, and SGLang's defaults are added, which maskd
     ignores) and drops fields it does not know, maskd's own extensions among them."""
+    _Echo.received.clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     body = {"model": MODEL, "temperature": 0, "top_k": 1, "seed": 3, "max_tokens": 9, "ignore_eos": True,
