@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from grammars.cache_version import JSON_VALUE_VERSION
 from grammars.json_value_distance import INF, JsonValueDistance
 from grammars.json_value_lexer import COMPLETE, MAX_DEPTH, NUM_STATES, TOP_OBJECT, VALUE, scan
 from grammars.json_value_tables import JsonValueTables, build_tables, load_tables, save_tables
@@ -37,7 +38,6 @@ from grammars.private_dir import owned_file, private_dir
 from grammars.sparse_mask import SparseMask, sparse_mask
 from grammars.vocabulary import TokenVocabulary
 
-FORMAT_VERSION = 1  # of the tables and their .npz; bump when the language or the layout changes
 log = logging.getLogger("maskd.grammars")
 
 
@@ -268,7 +268,7 @@ def json_value_automaton(vocabulary: TokenVocabulary, cache_dir: str | None = No
 def _disk_tables(vocabulary: TokenVocabulary, cache_dir: str | None) -> JsonValueTables:
     path = None
     if cache_dir and private_dir(cache_dir):
-        name = hashlib.sha256(f"{vocabulary.fingerprint}|json-value|{FORMAT_VERSION}".encode()).hexdigest()
+        name = hashlib.sha256(f"{vocabulary.fingerprint}|json-value|{JSON_VALUE_VERSION}".encode()).hexdigest()
         path = os.path.join(cache_dir, f"json-value-{name[:32]}.npz")
         if owned_file(path):
             try:

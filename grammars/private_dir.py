@@ -1,7 +1,8 @@
 """Cache folders nobody else can plant files in.
 
-maskd loads compiled grammars (pickles), JSON-value tables and a compiled C library from its
-cache folders, so a folder another user can write to would let that user run code in the server.
+maskd loads compiled grammars, JSON-value tables and a compiled C library from its cache folders,
+so a folder another user can write to would let that user run code in the server (the library) or
+steer its masks (the tables; neither is a pickle, grammars/unit_file.py).
 A cache folder is used only if it is owned by this user and writable by nobody else (made 0700 if
 new); a file is loaded only if this user owns it. Otherwise the cache is skipped with a warning.
 """

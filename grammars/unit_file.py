@@ -1,0 +1,122 @@
+"""The disk form of one compiled unit: its outlines-core Index and BudgetTable, with no pickle.
+
+A pickle runs code when it is read, so a cache entry planted or swapped in the cache folder would
+run in the server.  An entry is instead an .npz of plain arrays, read with ``allow_pickle=False``:
+a JSON header (the format, the unit's cache key and the versions that shaped it), the Index as
+outlines-core's own binary form (the bytes its pickle wraps, read back with ``Index.from_binary``,
+a Rust deserialiser that builds data and never runs code) and the table's arrays.
+
+An entry whose header names another key (another regex, vocabulary or version: a file renamed or
+copied under this name) is not read, and the table's arrays are checked for the shapes and bounds
+the mask code relies on (an out-of-range id in a sparse mask would be an out-of-bounds index on a
+GPU, which kills the device context rather than raising).  Any failure is reported as ``BadEntry``
+and the caller rebuilds the unit.  The header is not a signature: the folder is this user's alone
+(private_dir.py), and whoever could write there could read a MAC's secret too; what the format
+guarantees is that reading an entry, planted or not, never runs code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import numpy as np
+from outlines_core import Index
+
+from grammars.budget import ALLOWED, BANNED, NONE, BudgetTable
+
+FORMAT = "maskd-unit-npz-1"
+_TABLE = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist")
+
+
+class BadEntry(ValueError):
+    """A cache entry that is not one this maskd wrote for this key."""
+
+
+def save_unit(path: str, key: str, versions: str, index: Index, table: BudgetTable) -> None:
+    """Write the unit to ``path`` atomically (a temp file in the same folder, then os.replace)."""
+    header = json.dumps({"format": FORMAT, "key": key, "versions": versions}).encode()
+    arrays = {name: getattr(table, name) for name in _TABLE}
+    if table.count is not None:
+        arrays["count"] = table.count
+    if table.sparse is not None:
+        size, kind, off, ids = table.sparse
+        arrays.update(sparse_size=np.asarray([size], dtype=np.int64), sparse_kind=kind, sparse_off=off,
+                      sparse_ids=ids)
+    blob = index.__reduce__()[1][0]  # outlines-core's binary form (bincode), as its pickle carries it
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, header=np.frombuffer(header, dtype=np.uint8), index=np.frombuffer(blob, dtype=np.uint8),
+                 **arrays)
+    os.replace(tmp, path)
+
+
+def load_unit(path: str, key: str, vocab_size: int) -> tuple[Index, BudgetTable]:
+    """The unit saved at ``path`` for ``key`` over ``vocab_size`` tokens; BadEntry (or OSError) if it
+    is anything else."""
+    try:
+        with np.load(path, allow_pickle=False) as data:  # a pickle, or an object array, is refused here
+            arrays = {name: data[name] for name in data.files}
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - not an .npz of plain arrays (a pickle, truncated, garbage)
+        raise BadEntry(f"not a unit file ({type(exc).__name__}: {exc})") from None
+    try:
+        header = json.loads(arrays.pop("header").tobytes())
+    except (KeyError, ValueError) as exc:
+        raise BadEntry(f"no readable header ({exc})") from None
+    if not isinstance(header, dict):
+        raise BadEntry("no readable header")
+    if header.get("format") != FORMAT or header.get("key") != key:
+        raise BadEntry(f"written for another key or format ({header.get('format')}, {header.get('versions')})")
+    table = _table(arrays, vocab_size)
+    try:
+        index = Index.from_binary(arrays["index"].tobytes())
+    except KeyError:
+        raise BadEntry("no index") from None
+    except BaseException as exc:  # noqa: BLE001 - a Rust panic surfaces as a BaseException subclass
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise BadEntry(f"unreadable index ({exc})") from None
+    return index, table
+
+
+def _table(arrays: dict[str, np.ndarray], vocab_size: int) -> BudgetTable:
+    """The BudgetTable of ``arrays`` after the checks its readers rely on (BadEntry otherwise)."""
+    missing = [name for name in _TABLE if name not in arrays]
+    if missing:
+        raise BadEntry(f"lacks arrays {missing}")
+    if any(a.ndim != 1 for a in arrays.values()):
+        raise BadEntry("an array is not one-dimensional")
+    states = len(arrays["keys"])
+    odd = len(arrays["odd_tok"])
+    same = [len(arrays[n]) == states for n in ("distance", "far", "mode")] + [len(arrays["odd_dist"]) == odd]
+    if not all(same) or not _offsets(arrays["odd_off"], states, odd):
+        raise BadEntry("table arrays of mismatched lengths")
+    if not _in_range(arrays["odd_tok"], vocab_size):
+        raise BadEntry("odd tokens out of range")
+    count = arrays.get("count")
+    if count is not None and len(count) != states:
+        raise BadEntry("count of the wrong length")
+    sparse = None
+    if "sparse_ids" in arrays:
+        try:
+            (size,), kind, off, ids = (arrays[f"sparse_{n}"] for n in ("size", "kind", "off", "ids"))
+        except (KeyError, ValueError):
+            raise BadEntry("incomplete sparse masks") from None
+        if len(kind) != states or not _offsets(off, states, len(ids)):
+            raise BadEntry("sparse masks of mismatched lengths")
+        if size != vocab_size or not _in_range(ids, size) or not np.isin(kind, (NONE, ALLOWED, BANNED)).all():
+            raise BadEntry("sparse masks out of range")
+        sparse = (int(size), kind, off, ids)
+    return BudgetTable(*(arrays[name] for name in _TABLE), count, sparse)
+
+
+def _offsets(off: np.ndarray, rows: int, total: int) -> bool:
+    """Whether ``off`` is a CSR offset array of ``rows`` rows over ``total`` items."""
+    return len(off) == rows + 1 and int(off[0]) == 0 and int(off[-1]) == total and bool((np.diff(off) >= 0).all())
+
+
+def _in_range(ids: np.ndarray, size: int) -> bool:
+    return not len(ids) or (int(ids.min()) >= 0 and int(ids.max()) < size)
