@@ -123,8 +123,9 @@ def run(ctx, progress, repeats: int | None = None) -> dict:
     for k, functions in lists.items():
         for mode in MODES:
             rs = [r for r in records if r["asked"] == k and r["mode"] == mode]
-            first = [r["seconds"] for r in rs if r["first"]]
-            again = [r["seconds"] for r in rs if not r["first"]]
+            # timings of served calls only: a refusal (a compile past the limit) is a verdict, not a time
+            first = [r["seconds"] for r in rs if r["first"] and r["verdict"] != "refused"]
+            again = [r["seconds"] for r in rs if not r["first"] and r["verdict"] != "refused"]
             verdicts: dict[str, int] = {}
             for r in rs:
                 verdicts[r["verdict"]] = verdicts.get(r["verdict"], 0) + 1
