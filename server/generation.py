@@ -119,6 +119,9 @@ async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
         raise APIError(f"{f.format} cannot be combined with tool calls; send tool_choice 'none' or drop "
                        f"{f.format}", param=f.format)
     prompt_ids, thinking_open = await asyncio.to_thread(prompt_ids_of, state, job)
+    if not prompt_ids:  # the engine cannot prefill nothing
+        raise APIError("the prompt is empty (0 tokens); send at least one token of prompt", param=f.messages,
+                       code="empty_prompt")
     room = state.context_length - len(prompt_ids)
     too_long = state.engine.scheduler.never_fits(len(prompt_ids))
     if too_long is not None:
