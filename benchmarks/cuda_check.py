@@ -571,7 +571,7 @@ def run_bench(ctx, sizes: Sizes, section, bench: dict, say) -> None:
             bench.setdefault("rate", []).append(rate)
             say(f"  {rate['tokens_per_s']:.1f} tokens/s ({rate['step_ms']:.2f} ms a step)")
     say(f"a {sizes.long}-token prompt arriving while 7 rows decode")
-    p = section("prefill", lambda: prefill_interference(ctx, sizes.short, sizes.long, sizes.long_chunk))
+    p = section("prefill", lambda: prefill_interference(ctx, sizes.short, sizes.long, sizes.long_chunk, 2))
     if p:
         bench["prefill"] = p
         say(f"  TBT p99 {p['tbt_during_p99_ms']:.1f} ms (bound {p['tbt_bound_ms']:.1f}), "
