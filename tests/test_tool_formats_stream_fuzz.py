@@ -112,7 +112,7 @@ def streamed(fmt: str, text: str, cuts: list[int]) -> list:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_splits_stream_to_the_whole_parse(fmt, data):
     text, calls = data.draw(mixture(fmt))
