@@ -85,7 +85,7 @@ class Prepared:
 def prompt_ids_of(state: ServerState, job: GenerationRequest) -> tuple[list[int], bool]:
     """(prompt token ids, whether a thinking block is left open)."""
     if isinstance(job.prompt, str):
-        return state.tokenizer.encode(job.prompt, add_special_tokens=True), False
+        return encode(state.tokenizer, job.prompt, job.fields.messages, add_special_tokens=True), False
     if job.prompt and isinstance(job.prompt[0], int):
         ids = list(job.prompt)
         if any(t < 0 or t >= state.vocabulary.size for t in ids):
@@ -96,7 +96,18 @@ def prompt_ids_of(state: ServerState, job: GenerationRequest) -> tuple[list[int]
     messages, template_tools = fmt.prepare_messages(job.prompt, job.tools, "tools" in template,
                                                     chat_template=template)
     text = render_chat(state.tokenizer, messages, template_tools, job.template_kwargs, job.fields.messages)
-    return state.tokenizer.encode(text, add_special_tokens=False), ReasoningSplitter.opened_in(text)
+    return encode(state.tokenizer, text, job.fields.messages, add_special_tokens=False), ReasoningSplitter.opened_in(text)
+
+
+def encode(tokenizer, text: str, param: str, add_special_tokens: bool) -> list[int]:
+    """The text's token ids; text that is not valid Unicode (a lone UTF-16 surrogate such as the JSON
+    escape \\ud800, which JSON parsers accept) is a 400, not a tokenizer failure."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(f"{param} holds a lone UTF-16 surrogate ({text[exc.start]!r} at character {exc.start} of "
+                       "the prompt); send valid Unicode text", param=param, code="invalid_unicode") from None
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:

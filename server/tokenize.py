@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import APIError
-from server.generation import GenerationRequest, prompt_ids_of
+from server.generation import GenerationRequest, encode, prompt_ids_of
 from server.prompt import message_dicts
 from server.protocol import ChatMessage, Tool
 from server.state import ServerState
@@ -38,7 +38,7 @@ async def tokenize(state: ServerState, body: TokenizeRequest) -> dict:
     if (body.prompt is None) == (body.messages is None):
         raise APIError("send either `prompt` or `messages`", param="prompt")
     if body.prompt is not None:
-        ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        ids = encode(state.tokenizer, body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
     else:
         job = GenerationRequest(prompt=message_dicts(body.messages), sampling=SamplingParams(),
                                 tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,

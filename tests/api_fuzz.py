@@ -198,7 +198,8 @@ def _messages_problems(body: dict, reply: dict) -> list[str]:
     out = []
     for block in reply.get("content", []):
         if block["type"] == "tool_use":
-            out += _call_problems(tools, None, block["name"], block["input"], reply.get("stop_reason"))
+            cut = "length" if reply.get("stop_reason") == "max_tokens" else "tool_use"
+            out += _call_problems(tools, None, block["name"], block["input"], cut)
         elif block["type"] == "text" and fmt and not tools and reply.get("stop_reason") != "max_tokens":
             error = validation_error(block["text"], fmt.get("schema"))
             out += [f"the structured output: {error}"] if error else []
