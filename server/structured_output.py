@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from grammars import GrammarError, UnsupportedSchemaError
 from grammars.json_schema import UNSUPPORTED_KEYWORDS
 from server.errors import APIError
+from server.schema_check import check_schema
 from server.state import ServerState
 
 
@@ -29,6 +30,7 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
     param = fields.format_schema
     if fmt.schema is None:
         raise APIError("a json_schema output format needs its schema", param=param)
+    check_schema(fmt.schema, param)
     try:
         ignore = UNSUPPORTED_KEYWORDS if fmt.strict is False else ()
         regex = await state.compiler.schema_regex_async(fmt.schema, ignore)  # in a worker, under the limit

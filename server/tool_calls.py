@@ -14,6 +14,7 @@ from grammars.tool_grammar import tool_grammar
 from grammars.trigger_mask import trigger_masks
 from grammars.unit_union import UnitUnion
 from server.errors import APIError
+from server.schema_check import check_schema
 from server.state import ServerState
 
 
@@ -31,6 +32,9 @@ async def _args_regexes(state: ServerState, tools: list[dict], forced_name: str 
     except ToolFormatError as exc:
         raise APIError(str(exc), param=fields.tools) from exc
     positions = {id(t["function"].get("parameters") or NO_PARAMETERS_SCHEMA): i for i, t in enumerate(tools)}
+    for _, schema in specs:  # the schema's shape first: a wrong one would compile to a grammar no output fits
+        position = positions.get(id(schema))
+        check_schema(schema, fields.tool_schema.format(i=position) if position is not None else fields.tools)
 
     async def one(schema: dict) -> str:
         try:
