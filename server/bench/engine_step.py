@@ -37,7 +37,7 @@ class Stepper:
     """An engine stepped from this thread (never started): each step timed, its events collected."""
 
     def __init__(self, engine) -> None:
-        self.engine, self.events = engine, {}
+        self.engine, self.events, self.finished = engine, {}, {}
 
     def submit(self, prompt: list[int], max_tokens: int):
         from engine.sampling import SamplingParams
@@ -46,7 +46,12 @@ class Stepper:
         request = Request(prompt_ids=prompt, params=SamplingParams(max_tokens=max_tokens, temperature=0,
                                                                    ignore_eos=True))
         times = self.events[request.request_id] = []
-        request.emit = lambda event: times.append(time.perf_counter())
+
+        def emit(event) -> None:
+            times.append(time.perf_counter())
+            if event.finish_reason is not None:
+                self.finished[request.request_id] = event.finish_reason
+        request.emit = emit
         request.submitted_at = time.perf_counter()
         self.engine.submit(request)
         return request
@@ -194,7 +199,7 @@ def soak(loaded, lengths: list[int], budget_tokens: int, new_tokens: int) -> dic
     budget = budget_tokens * shape.bytes_per_token
     engine = _engine(loaded, prefix_cache_bytes=0, kv_cache_bytes=budget, prefill_chunk=512)
     stepper = Stepper(engine)
-    finished, refused, requests = 0, [], []
+    refused, requests = [], []
     for prompt in _prompts(loaded.vocab_size, lengths, seed=11):
         try:
             requests.append(stepper.submit(prompt, max_tokens=new_tokens))
@@ -207,7 +212,8 @@ def soak(loaded, lengths: list[int], budget_tokens: int, new_tokens: int) -> dic
         peak = max(peak, engine.scheduler.slots.nbytes())
         most_rows = max(most_rows, engine.scheduler.num_running)
         steps += 1
-    finished = sum(1 for r in requests if len(stepper.events[r.request_id]) >= 1)
+    reasons = [stepper.finished.get(r.request_id) for r in requests]
+    finished = sum(reason in ("stop", "length") for reason in reasons)  # errors and unfinished do not count
     engine.shutdown()
     return {"prompts": len(lengths), "prompt_tokens": sum(lengths), "budget_tokens": budget_tokens,
             "budget_bytes": budget, "peak_bytes": peak, "finished": finished, "submitted": len(requests),

@@ -5,15 +5,10 @@ launcher (`python -m sglang_router.launch_router`) in front of `maskd serve` sub
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
-import time
 from contextlib import ExitStack, contextmanager
 
-import httpx
-
-from server.bench.live_server import _free_port, live_server
+from server.bench.live_server import _free_port, live_server, ready_process
 
 
 def router_command(worker_urls: list[str], port: int, policy: str, prometheus_port: int) -> list[str]:
@@ -27,31 +22,10 @@ def router_command(worker_urls: list[str], port: int, policy: str, prometheus_po
 def sglang_router(worker_urls: list[str], policy: str = "cache_aware", timeout: float = 120):
     """Yields the router's base URL once it reports ready (its workers registered and healthy)."""
     port = _free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="sglang-router-", suffix=".log", delete=False)
-    proc = subprocess.Popen(router_command(worker_urls, port, policy, _free_port()),
-                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"sglang-router exited with {proc.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{url}/readiness", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"sglang-router was not ready in {timeout}s; see {log.name}")
-            time.sleep(0.3)
+    with ready_process(router_command(worker_urls, port, policy, _free_port()), url, "/readiness", "sglang-router",
+                       timeout):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @contextmanager
