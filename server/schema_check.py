@@ -43,7 +43,8 @@ def _shape_error(value, shape: str) -> str | None:
 
 
 def check_schema(schema, param: str) -> None:
-    """Raises a 400 (`invalid_schema`) naming the first keyword whose value has the wrong shape."""
+    """Raises a 400 (`invalid_schema`) naming the first keyword whose value has the wrong shape, or a
+    local `$ref` that leads back to itself through nothing but `$ref`s (no instance could be checked)."""
     stack = [(schema, "")]
     while stack:
         node, where = stack.pop()
@@ -51,6 +52,8 @@ def check_schema(schema, param: str) -> None:
             continue
         if not isinstance(node, dict):
             _refuse(param, where, f"a schema must be an object or a boolean, got {node!r:.80}")
+        if isinstance(node.get("$ref"), str) and _ref_cycle(schema, node):
+            _refuse(param, f"{where}.$ref", f"{node['$ref']!r} leads back to itself through $refs alone")
         for key, value in node.items():
             shape = ("type" if key == "type" else "count" if key in COUNTS else "number" if key in NUMBERS else
                      "exclusive" if key in ("exclusiveMinimum", "exclusiveMaximum") else
@@ -68,6 +71,25 @@ def check_schema(schema, param: str) -> None:
                 if not isinstance(value, dict):
                     _refuse(param, f"{where}.{key}", f"must be an object of schemas, got {value!r:.80}")
                 stack.extend((item, f"{where}.{key}.{name}") for name, item in value.items())
+
+
+def _ref_cycle(root, node) -> bool:
+    """Whether following `$ref` from node (local refs only) comes back to a schema already passed."""
+    seen = set()
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#"):
+        if id(node) in seen:
+            return True
+        seen.add(id(node))
+        target = root
+        for part in (p.replace("~1", "/").replace("~0", "~") for p in node["$ref"][1:].split("/") if p):
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                return False  # unresolvable: the compiler names it
+        node = target
+    return False
 
 
 def _refuse(param: str, where: str, error: str) -> None:

@@ -244,6 +244,14 @@ def _stream_problems(case: Case, text: str) -> list[str]:
         if isinstance(error, dict) and (error.get("type") in ("server_error", "api_error")
                                         or "internal error" in str(error.get("message"))):
             out.append(f"a server error inside the stream: {error!r:.300}")
+    events = [line.removeprefix("event:").strip() for line in text.splitlines() if line.startswith("event:")]
+    data = [line.removeprefix("data:").strip() for line in text.splitlines() if line.startswith("data:")]
+    route = case.path.split("?")[0]
+    ended = {"/v1/chat/completions": data[-1:] == ["[DONE]"], "/v1/completions": data[-1:] == ["[DONE]"],
+             "/v1/messages": events[-1:] in (["message_stop"], ["error"]),
+             "/v1/responses": events[-1:] in (["response.completed"], ["response.failed"], ["response.incomplete"])}
+    if not ended.get(route, True):
+        out.append(f"a stream cut off before its end: {text[-200:]!r}")
     if case.path == "/v1/chat/completions" and not out:
         out += _chat_problems(case.body, _joined_chat(payloads))
     return out

@@ -83,7 +83,9 @@ def test_a_lone_surrogate_is_a_400_not_a_tokenizer_failure(served, route, body):
     still_serving(http)
 
 
-BAD_SHAPES = [{"type": []}, {"type": "string", "pattern": 5}, {"type": "object", "properties": {"a": {"type": "strnig"}}}]
+BAD_SHAPES = [{"type": []}, {"type": "string", "pattern": 5}, {"type": "object", "properties": {"a": {"type": "strnig"}}},
+              # compiled, then the output check recursed without end (500; a stream cut off)
+              {"$ref": "#/properties/a", "properties": {"a": {"$ref": "#/properties/a"}}}]
 
 
 @pytest.mark.parametrize("schema", BAD_SHAPES)
