@@ -64,7 +64,10 @@ class OutputCheck:
             return self._fail(kind, f"{what} are not JSON ({exc})", schema or {})
         if schema is None:
             return None if isinstance(value, dict) else self._fail(kind, f"{what} is not a JSON object", {})
-        error = jsonschema.exceptions.best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(value))
+        try:
+            error = jsonschema.exceptions.best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(value))
+        except RecursionError:  # fail closed: an output that cannot be checked is not handed back as valid
+            return self._fail(kind, f"{what} could not be checked (the schema's $refs recurse without end)", schema)
         return None if error is None else self._fail(kind, f"{what} do not match the schema: {error.message}", schema)
 
     @staticmethod

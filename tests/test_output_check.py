@@ -23,6 +23,15 @@ def test_calls_and_structured_outputs_are_checked():
     assert OutputCheck({}, None, "json_object").text("[1]") is not None  # json_object: an object
 
 
+def test_a_schema_the_check_cannot_finish_fails_closed():
+    """Found by the API fuzz: a $ref cycle the grammar accepted made jsonschema recurse without end (a 500
+    from an unhandled RecursionError, a stream cut off); now the output is withheld as unchecked."""
+    cycle = {"$ref": "#/properties/a", "properties": {"a": {"$ref": "#/properties/a"}}}
+    failure = OutputCheck({"f": cycle}, cycle, "json_schema")
+    assert "could not be checked" in failure.text("{}")
+    assert "could not be checked" in failure.call("f", "{}")
+
+
 def run(texts: list[str], check: OutputCheck, reads_tools: bool, reason: str = "stop"):
     """The steps of a canned engine event stream (the engine's events, without a model)."""
     async def events():
