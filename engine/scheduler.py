@@ -73,7 +73,7 @@ class Scheduler:
 
     @property
     def running(self) -> list[Sequence]:
-        """Admitted and not finished: the batch rows, then the newcomer (if any)."""
+        """Admitted and not finished: the rows, then those joining, prefilling and parked."""
         return self.rows + self.joining + self.prefilling + self.parked
 
     @property
