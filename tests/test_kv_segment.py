@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
 from engine.kv_segment import KVSegment
+from engine.model_runner import cache_kwarg
 from engine.radix_cache import RadixCache
 
 TINY = dict(
@@ -41,6 +42,11 @@ def seq(seed, n):
     return torch.randint(0, 128, (n,), generator=g).tolist()
 
 
+def cache_of(out):
+    """The cache a forward pass returns (`cache` in newer transformers, `past_key_values` before)."""
+    return getattr(out, "cache", None) or out.past_key_values
+
+
 @torch.no_grad()
 def full_logits(model, tokens):
     return model(input_ids=torch.tensor([tokens])).logits[0]  # [n, vocab]
@@ -50,7 +56,7 @@ def full_logits(model, tokens):
 def run_and_insert(model, cache, tokens):
     """Prefill `tokens` from scratch (as a finished request would have) and cache them."""
     out = model(input_ids=torch.tensor([tokens]), use_cache=True)
-    return cache.insert(tokens, lambda start, end: KVSegment.from_cache(out.cache, 0, start, end))
+    return cache.insert(tokens, lambda start, end: KVSegment.from_cache(cache_of(out), 0, start, end))
 
 
 @torch.no_grad()
@@ -61,7 +67,7 @@ def logits_from_cached_prefix(model, cache, tokens):
     kv = m.kv()
     past = kv.to_cache() if kv is not None else None
     rest = torch.tensor([tokens[m.length :]])
-    logits = model(input_ids=rest, cache=past, use_cache=True).logits[0]  # [n - length, vocab]
+    logits = model(input_ids=rest, **{cache_kwarg(model): past}, use_cache=True).logits[0]  # [n - length, vocab]
     cache.unlock(m.node)
     cache.check_integrity()
     return m.length, logits
@@ -82,9 +88,9 @@ def test_prefix_from_an_earlier_request_gives_the_same_logits_when_match_ends_mi
 @torch.no_grad()
 def test_the_logit_comparison_detects_a_wrong_prefix(model):
     tokens, other = seq(15, 30), seq(16, 30)
-    wrong = model(input_ids=torch.tensor([other]), use_cache=True).cache
+    wrong = cache_of(model(input_ids=torch.tensor([other]), use_cache=True))
     past = KVSegment.from_cache(wrong, 0, 0, 24).to_cache()
-    logits = model(input_ids=torch.tensor([tokens[24:]]), cache=past).logits[0]
+    logits = model(input_ids=torch.tensor([tokens[24:]]), **{cache_kwarg(model): past}).logits[0]
     assert (logits - full_logits(model, tokens)[24:]).abs().max() > 1e-2
 
 
@@ -125,12 +131,12 @@ def test_greedy_tokens_after_a_cached_prefix_equal_those_without_cache(model):
     m = cache.match(prompt[:-1])
     assert m.length == len(system)
     past = m.kv().to_cache()
-    out = model(input_ids=torch.tensor([prompt[m.length :]]), cache=past, use_cache=True)
+    out = model(input_ids=torch.tensor([prompt[m.length :]]), **{cache_kwarg(model): past}, use_cache=True)
     cached = []
     for _ in range(10):
         nxt = int(out.logits[0, -1].argmax())
         cached.append(nxt)
-        out = model(input_ids=torch.tensor([[nxt]]), cache=out.cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[nxt]]), **{cache_kwarg(model): cache_of(out)}, use_cache=True)
     assert cached == uncached
     # The request's own cache grew; the segments in the prefix cache did not change.
     assert len(m.kv()) == len(system)
@@ -141,7 +147,7 @@ def test_segment_cut_from_one_row_of_a_batch(model):
     cache = RadixCache(BUDGET)
     rows = [seq(10, 16), seq(11, 16)]
     out = model(input_ids=torch.tensor(rows), use_cache=True)
-    cache.insert(rows[1], lambda s, e: KVSegment.from_cache(out.cache, 1, s, e))
+    cache.insert(rows[1], lambda s, e: KVSegment.from_cache(cache_of(out), 1, s, e))
     query = rows[1][:12] + seq(12, 4)
     length, logits = logits_from_cached_prefix(model, cache, query)
     assert length == 12
@@ -153,7 +159,7 @@ def test_bytes_slice_concat_and_dtype():
     torch.manual_seed(0)
     bf16_model = LlamaForCausalLM(LlamaConfig(**TINY)).eval().to(torch.bfloat16)
     out = bf16_model(input_ids=torch.tensor([seq(13, 10)]), use_cache=True)
-    seg = KVSegment.from_cache(out.cache, 0, 0, 10)
+    seg = KVSegment.from_cache(cache_of(out), 0, 0, 10)
     layers, heads, head_dim = 2, 2, 16
     assert seg.dtype == torch.bfloat16 and seg.data.shape == (layers, 2, heads, 10, head_dim)
     assert seg.nbytes == layers * 2 * heads * 10 * head_dim * 2 == 10 * seg.bytes_per_token
@@ -185,10 +191,11 @@ def test_segments_stay_on_the_model_device():
     cache = RadixCache(BUDGET)
     prefix = seq(14, 20)
     out = gpu_model(input_ids=torch.tensor([prefix + [1, 2]], device="cuda"), use_cache=True)
-    cache.insert(prefix + [1, 2], lambda s, e: KVSegment.from_cache(out.cache, 0, s, e))
+    cache.insert(prefix + [1, 2], lambda s, e: KVSegment.from_cache(cache_of(out), 0, s, e))
     query = prefix + [3, 4, 5]
     m = cache.match(query[:-1])
     assert m.length == 20 and m.kv().device.type == "cuda"
-    logits = gpu_model(input_ids=torch.tensor([query[20:]], device="cuda"), cache=m.kv().to_cache()).logits[0]
+    past = m.kv().to_cache()
+    logits = gpu_model(input_ids=torch.tensor([query[20:]], device="cuda"), **{cache_kwarg(gpu_model): past}).logits[0]
     full = gpu_model(input_ids=torch.tensor([query], device="cuda")).logits[0, 20:]
     torch.testing.assert_close(logits, full, atol=1e-3, rtol=1e-3)
