@@ -1,4 +1,4 @@
-"""Forward passes over a range of row slots, each slot feeding its own number of new tokens."""
+"""Forward passes over a list of row slots, each slot feeding its own number of new tokens."""
 
 from __future__ import annotations
 
