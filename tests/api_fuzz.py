@@ -70,7 +70,7 @@ def build_state(model, tokenizer, tool_format: str = "hermes", compile_timeout: 
     engine.forced_text = ForcedText(vocabulary, tokenizer)
     return ServerState(model_name=MODEL, tokenizer=tokenizer, context_length=CONTEXT, tool_format=tool_format,
                        engine=engine, compiler=compiler, vocabulary=vocabulary, default_max_tokens=4,
-                       max_tokens_cap=MAX_TOKENS_CAP, request_timeout=60)
+                       max_tokens_cap=MAX_TOKENS_CAP, request_timeout=1800)  # bounds a hang, not the machine
 
 
 

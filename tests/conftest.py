@@ -34,7 +34,7 @@ def server_url(tmp_path_factory):
         [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--log-level", "warning"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
+    deadline = time.time() + 1800  # a busy machine may load slowly: only a dead server fails here
     while time.time() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"maskd serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")

@@ -23,7 +23,7 @@ def test_bench_all_quick_writes_every_promised_file(tmp_path):
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, "-m", "server.cli", "bench", "--suite", "all", "--quick", "--tiny",
                           "--schemas", str(schemas), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                         timeout=3600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert run.returncode == 0, run.stderr[-4000:]
 
     results = json.loads((out / "results.json").read_text())

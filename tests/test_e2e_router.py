@@ -45,7 +45,7 @@ def cluster():
 def looked_up(url: str) -> float:
     """Prompt tokens this replica has looked up in its prefix cache: grows by a request's prompt
     (all of it, or all but its last token) on the replica that serves it."""
-    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", timeout=1800).text.splitlines():
         if line.startswith("vllm:prefix_cache_queries_total"):
             return float(line.split()[-1])
     raise KeyError("vllm:prefix_cache_queries_total not in /metrics")
@@ -183,8 +183,8 @@ def test_the_router_forwards_every_field_maskd_reads():
                   "router_session_id": "agent-42"}
     try:
         with sglang_router([f"http://127.0.0.1:{server.server_port}"], policy="cache_aware") as router:
-            httpx.post(f"{router}/v1/chat/completions", json=body, timeout=60)  # the stub's answer is no stream
-            assert httpx.post(f"{router}/v1/completions", json=completion, timeout=60).status_code == 200
+            httpx.post(f"{router}/v1/chat/completions", json=body, timeout=1800)  # the stub's answer is no stream
+            assert httpx.post(f"{router}/v1/completions", json=completion, timeout=1800).status_code == 200
     finally:
         server.shutdown()
     (chat_path, chat_got), (completion_path, completion_got) = _Echo.received
