@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError
@@ -30,7 +31,7 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
     param = fields.format_schema
     if fmt.schema is None:
         raise APIError("a json_schema output format needs its schema", param=param)
-    check_schema(fmt.schema, param)
+    await asyncio.to_thread(check_schema, fmt.schema, param)  # a walk over every subschema: ~0.1 s per 700 KB
     try:
         ignore = UNSUPPORTED_KEYWORDS if fmt.strict is False else ()
         regex = await state.compiler.schema_regex_async(fmt.schema, ignore)  # in a worker, under the limit

@@ -32,9 +32,12 @@ async def _args_regexes(state: ServerState, tools: list[dict], forced_name: str 
     except ToolFormatError as exc:
         raise APIError(str(exc), param=fields.tools) from exc
     positions = {id(t["function"].get("parameters") or NO_PARAMETERS_SCHEMA): i for i, t in enumerate(tools)}
-    for _, schema in specs:  # the schema's shape first: a wrong one would compile to a grammar no output fits
-        position = positions.get(id(schema))
-        check_schema(schema, fields.tool_schema.format(i=position) if position is not None else fields.tools)
+
+    def check_shapes() -> None:  # the schema's shape first: a wrong one would compile to a grammar no output fits
+        for _, schema in specs:
+            position = positions.get(id(schema))
+            check_schema(schema, fields.tool_schema.format(i=position) if position is not None else fields.tools)
+    await asyncio.to_thread(check_shapes)  # off the event loop: a big tool list takes ~0.1 s per 700 KB
 
     async def one(schema: dict) -> str:
         try:
