@@ -34,15 +34,19 @@ class Engine:
     def __init__(self, model, tokenizer, device: torch.device, eos_token_ids: frozenset[int],
                  context_length: int, max_batch: int = 8, logits_hooks: list[LogitsHook] | None = None,
                  prefill_chunk: int = 512, max_waiting: int = 64, prefix_cache_bytes: int = 0,
-                 kv_cache_bytes: int | None = None, forced_extend: bool = True):
+                 kv_cache_bytes: int | None = None, forced_extend: bool = True, leader=None):
         if max_batch < 1:
             raise ValueError(f"max_batch ({max_batch}) must be >= 1")
         self.tokenizer = tokenizer
-        self.runner = ModelRunner(model, device)
+        # leader: rank 0 of a tensor-parallel model (engine/tensor_parallel.py), whose runner and
+        # slot cache tell the other ranks what to repeat
+        self.leader = leader
+        self.runner = ModelRunner(model, device) if leader is None else leader.runner(model, device)
         shape = KVShape.probe(model, device)
         if kv_cache_bytes is None:
             kv_cache_bytes = default_kv_budget(device, shape, max_batch, context_length)
-        slots = SlotCache(shape, MaskLayout.of(model.config), device, max_batch, context_length, kv_cache_bytes)
+        args = (shape, MaskLayout.of(model.config), device, max_batch, context_length, kv_cache_bytes)
+        slots = SlotCache(*args) if leader is None else leader.slot_cache(*args)
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.max_batch = max_batch
@@ -156,6 +160,8 @@ class Engine:
         while not self._stopping:
             self._drain_inbox()
             cancelled = any(s.cancelled for s in self._running + list(self._waiting))
+            if self.leader is not None:
+                self.leader.tick()  # the other ranks wait for rank 0's next word, within a timeout
             if not cancelled and not self.scheduler.has_work():  # idle, or only requests awaiting grammars
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
@@ -166,6 +172,8 @@ class Engine:
                 log.exception("engine step failed")
                 for seq in self._running:
                     self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
+        if self.leader is not None:
+            self.leader.stop()
 
     def _drain_inbox(self) -> None:
         while True:

@@ -19,11 +19,16 @@ full-attention `DynamicLayer`s (for tests and tools: a sliding layer cache has d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+
+# Set on rank 0 of a tensor-parallel server (engine/tensor_parallel.py): told of each segment
+# sliced or joined from others, by their `tp_id`s, so that the other ranks derive theirs alike.
+on_derived: Callable[..., None] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,7 +82,10 @@ class KVSegment:
         n = len(self)
         if not 0 <= start <= end <= n:
             raise IndexError(f"KVSegment.slice({start}, {end}) is out of range for a segment of {n} tokens")
-        return KVSegment(self.data[:, :, :, start:end, :].clone())  # [L, 2, H, end-start, D]
+        out = KVSegment(self.data[:, :, :, start:end, :].clone())  # [L, 2, H, end-start, D]
+        if on_derived is not None:
+            on_derived(out, "slice", self.tp_id, start, end)
+        return out
 
     @staticmethod
     def concat(segments: Sequence[KVSegment]) -> KVSegment:
@@ -87,7 +95,10 @@ class KVSegment:
         if len(segments) == 1:
             return segments[0]
         _check_same_model(segments)
-        return KVSegment(torch.cat([s.data for s in segments], dim=3))  # [L, 2, H, sum n, D]
+        out = KVSegment(torch.cat([s.data for s in segments], dim=3))  # [L, 2, H, sum n, D]
+        if on_derived is not None:
+            on_derived(out, "concat", [s.tp_id for s in segments])
+        return out
 
     # ---- to and from transformers caches ----------------------------------------------------
 

@@ -49,7 +49,11 @@ def eos_ids_of(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
-def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = False) -> LoadedModel:
+def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = False, tp: int = 1,
+               device_map: str | None = None) -> LoadedModel:
+    """tp > 1: this process is one of tp ranks (torch.distributed already joined) and loads its
+    shard with transformers' tensor parallelism; device_map="auto" spreads layers over the
+    devices instead (one process)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not spec.is_available() and not allow_download:
@@ -64,8 +68,16 @@ def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = Fal
     started = time.perf_counter()
     print(f"maskd: loading {spec.name} from {spec.source} ({target}, {dtype})", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    if tp > 1:
+        from transformers.distributed import DistributedConfig
+
+        kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
+    elif device_map:
+        kwargs["device_map"] = device_map
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
-    model.to(target).eval()
+    if tp == 1 and not device_map:
+        model.to(target)
+    model.eval()
     if spec.chat_template:
         tokenizer.chat_template = spec.chat_template
     context = spec.context_length or getattr(model.config, "max_position_embeddings", 2048)

@@ -17,12 +17,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from engine.registry import RegistryError, load_registry  # noqa: E402
 
 
-def _load(args):
+def _load(args, leader=None, device_map: str | None = None):
     from engine.engine import Engine
     from engine.model_loader import load_model
 
     spec = load_registry(args.models).get(args.model)
-    loaded = load_model(spec, device=args.device, allow_download=args.allow_download)
+    loaded = load_model(spec, device=args.device, allow_download=args.allow_download,
+                        tp=getattr(args, "tp", 1), device_map=device_map)
     from engine.constraint_hook import ConstraintMasker
 
     masker = ConstraintMasker(loaded.vocab_size, args.max_batch)
@@ -31,8 +32,40 @@ def _load(args):
                     prefill_chunk=args.prefill_chunk, max_waiting=args.max_waiting,
                     prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
                     kv_cache_bytes=int(args.kv_cache_mb * (1 << 20)) if args.kv_cache_mb else None,
-                    forced_extend=not args.no_forced_extend)
+                    forced_extend=not args.no_forced_extend, leader=leader)
     return loaded, engine
+
+
+def _ranks(args):
+    """Tensor parallelism: (what to do now, leader). A launcher starts the ranks and watches them;
+    a rank > 0 follows rank 0 until it stops; rank 0 serves with a leader. A model transformers
+    cannot shard runs in one process over every device (device_map="auto")."""
+    from engine import tensor_parallel
+    from engine.model_loader import load_model, pick_device
+
+    ranks = tensor_parallel.rank_env()
+    if ranks is None:
+        if args.tp <= 1:
+            return None, None
+        from server.ranks import check_shardable, launch
+
+        why = check_shardable(load_registry(args.models).get(args.model), args.tp)
+        if why:
+            print(f"maskd: warning: {why}; --tp {args.tp} falls back to one process with device_map=\"auto\", "
+                  "which runs the layers one device after another (no faster than one device)", file=sys.stderr)
+            return "device_map", None
+        return launch(args.argv, args.tp), None
+    rank, _, world = ranks
+    if world != args.tp:
+        raise SystemExit(f"maskd: --tp {args.tp} but WORLD_SIZE is {world}; give --tp the number of ranks")
+    group = tensor_parallel.init(pick_device(args.device).type, args.tp_timeout)
+    if rank > 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: rank 0 drains, then stops us
+        loaded = load_model(load_registry(args.models).get(args.model), device=args.device,
+                            allow_download=args.allow_download, tp=world)
+        tensor_parallel.follow(loaded.model, loaded.device, group)
+        return 0, None
+    return None, tensor_parallel.Leader(group)
 
 
 def cmd_serve(args) -> int:
@@ -43,7 +76,10 @@ def cmd_serve(args) -> int:
 
     from grammars import GrammarCompiler, TokenVocabulary
 
-    loaded, engine = _load(args)
+    done, leader = _ranks(args)
+    if isinstance(done, int):
+        return done
+    loaded, engine = _load(args, leader, device_map="auto" if done == "device_map" else None)
     vocabulary = TokenVocabulary.from_tokenizer(loaded.tokenizer, loaded.vocab_size,
                                                 extra_eos_token_ids=tuple(loaded.eos_token_ids))
     compiler = GrammarCompiler(vocabulary, cache_dir=args.grammar_cache or None, timeout_s=args.grammar_timeout,
@@ -129,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model on /v1")
     _model_args(serve)
+    serve.add_argument("--tp", type=int, default=1,
+                       help="tensor parallelism: shard the model over this many ranks (processes; one GPU each on "
+                            "CUDA), started here or by torchrun")
+    serve.add_argument("--tp-timeout", type=float, default=600,
+                       help="seconds a rank waits for another before the server ends (a rank that died)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")
@@ -173,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the ranks of --tp are started with
     try:
         return args.func(args)
     except RegistryError as exc:
