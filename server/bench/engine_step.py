@@ -167,16 +167,23 @@ def prefill_interference(loaded, short: int, long: int, chunk: int, rounds: int)
     rows = [mixed.submit(p, max_tokens=96 * rounds) for p in prompts[:7]]  # enough to outlast the prefills
     mixed.until_decoding(7)
     before = [mixed.step() for _ in range(8)]
-    chunk_times, during, ttft, ttft_alone = [], [], [], []
+    chunk_times, during, ttft, ttft_alone, shares = [], [], [], [], []
     for _ in range(rounds):
         newcomer = alone.submit(prompts[7], max_tokens=1)
+        chunks = []
         while alone.busy():
-            chunk_times.append(alone.step())
+            chunks.append(alone.step())
         ttft_alone.append(alone.events[newcomer.request_id][0] - newcomer.submitted_at)
         newcomer = mixed.submit(prompts[7], max_tokens=1)
+        steps = []
         while not mixed.events[newcomer.request_id]:
-            during.append(mixed.step())
+            steps.append(mixed.step())
         ttft.append(mixed.events[newcomer.request_id][0] - newcomer.submitted_at)
+        # the rows' extra wait in each step, over the time the same chunk took alone (later chunks
+        # attend over more of the prompt, so each is compared with its own)
+        shares += [(step - statistics.median(before)) / chunk for step, chunk in zip(steps, chunks)]
+        chunk_times += chunks
+        during += steps
     for request in rows:
         mixed.engine.cancel(request.request_id)
     while mixed.busy():
@@ -188,7 +195,8 @@ def prefill_interference(loaded, short: int, long: int, chunk: int, rounds: int)
             "tbt_during_p50_ms": 1000 * pct(during, 0.5), "tbt_during_p99_ms": 1000 * pct(during, 0.99),
             "chunk_ms": 1000 * statistics.median(chunk_times), "ttft_s": statistics.median(ttft),
             "ttft_alone_s": statistics.median(ttft_alone), "ttft_ratio": statistics.median(ttft) / statistics.median(ttft_alone),
-            "tbt_bound_ms": 1000 * (statistics.median(chunk_times) + pct(before, 0.99))}
+            "tbt_bound_ms": 1000 * (statistics.median(chunk_times) + pct(before, 0.99)),
+            "delay_over_chunk_p50": pct(shares, 0.5), "delay_over_chunk_max": max(shares)}
 
 
 def soak(loaded, lengths: list[int], budget_tokens: int, new_tokens: int) -> dict:
@@ -297,6 +305,7 @@ def run(ctx, progress) -> dict:
     for row in steps_rows:
         ratios[f"decode step, maskd / bare StaticCache forward, 8 rows at {row['context']} tokens"] = row["ratio"]
     ratios["time to first token of the long prompt, beside 7 decoding rows / alone"] = prefill["ttft_ratio"]
+    ratios["decoding rows' extra wait per step / that chunk's time alone, max"] = prefill["delay_over_chunk_max"]
     tables = [
         {"title": "Forced text in one pass: BFCL tool calls, tool_choice required, live server",
          "columns": ["forced extend", "calls", "valid", "passes / generated token", "median s / call"],
@@ -309,9 +318,11 @@ def run(ctx, progress) -> dict:
         {"title": f"A {prefill['long']}-token prompt arriving while 7 rows decode (chunk {prefill['chunk']}, "
                   f"medians of {prefill['rounds']} alternating rounds)",
          "columns": ["TBT before p50 ms", "TBT during p50 ms", "TBT during p99 ms", "one chunk ms",
-                     "bound: chunk + step p99 ms", "TTFT s", "TTFT alone s", "ratio"],
+                     "bound: chunk + step p99 ms", "rows' delay / same chunk alone, p50", "max",
+                     "TTFT s", "TTFT alone s", "ratio"],
          "rows": [[fmt(prefill["tbt_before_p50_ms"]), fmt(prefill["tbt_during_p50_ms"]),
                    fmt(prefill["tbt_during_p99_ms"]), fmt(prefill["chunk_ms"]), fmt(prefill["tbt_bound_ms"]),
+                   fmt(prefill["delay_over_chunk_p50"], ".2f"), fmt(prefill["delay_over_chunk_max"], ".2f"),
                    fmt(prefill["ttft_s"], ".2f"), fmt(prefill["ttft_alone_s"], ".2f"), fmt(prefill["ttft_ratio"], ".2f")]]},
         {"title": "Soak: mixed prompt lengths up to the context under a KV budget below their sum",
          "columns": ["prompts", "prompt tokens", "budget tokens", "finished", "refused (never fit)",
