@@ -442,12 +442,12 @@ def check_masks(ctx, sizes: Sizes, say) -> list[dict]:
 
 def decode_rate(loaded, rows: int, prompt_tokens: int, steps: int) -> dict:
     """Decode tokens/s of `rows` rows once all decode together (after their prefill)."""
-    from server.bench.engine_step import Stepper, _engine, _prompts
+    from server.bench.engine_rows import Stepper, bench_engine, random_prompts
 
-    engine = _engine(loaded, prefix_cache_bytes=0)
+    engine = bench_engine(loaded, prefix_cache_bytes=0)
     stepper = Stepper(engine)
     requests = [stepper.submit(p, max_tokens=steps + 16)
-                for p in _prompts(loaded.vocab_size, [prompt_tokens] * rows, seed=rows)]
+                for p in random_prompts(loaded.vocab_size, [prompt_tokens] * rows, seed=rows)]
     while not stepper.decoding(rows):
         stepper.step()
     times = [stepper.step() for _ in range(steps)]
@@ -556,7 +556,8 @@ def main() -> int:
 
 def run_bench(ctx, sizes: Sizes, section, bench: dict, say) -> None:
     """server/bench/engine_step.py's measures over this model; each result is in `bench` once done."""
-    from server.bench.engine_step import prefill_interference, soak, step_times
+    from server.bench.engine_rows import prefill_interference, soak
+    from server.bench.engine_step import step_times
 
     for c in sizes.contexts:
         say(f"decode step, 8 rows at {c} tokens: maskd vs bare StaticCache forward")
@@ -614,6 +615,8 @@ def print_table(result: dict) -> None:
                    f"{p['tbt_before_p50_ms']:.1f}/{p['tbt_during_p50_ms']:.1f}", ""),
                   ("  TBT during p99 ms (bound: one chunk + step p99)", f"{p['tbt_during_p99_ms']:.1f}",
                    f"<= {p['tbt_bound_ms']:.1f}"),
+                  ("  rows' extra wait per step / same chunk alone, max", f"{p['delay_over_chunk_max']:.2f}",
+                   "<= 1.00"),
                   ("  TTFT beside / alone", f"{p['ttft_ratio']:.2f}", "<= 1.20")]
     if "soak" in bench:
         s = bench["soak"]
