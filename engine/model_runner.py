@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from engine.slot_attention import use_slot_attention
 from engine.slot_cache import SlotCache
 
 
@@ -20,18 +21,20 @@ class ModelRunner:
         self.device = device
         self.forward_passes = 0
         self._cache_kwarg = cache_kwarg(model)
+        use_slot_attention(model)
 
     @torch.inference_mode()
     def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
         """Feeds tokens[b] to slot rows[b] (prompt chunks, one sampled token, or a sampled token and
-        the run the grammar forced after it; [] for a slot that does not step). Returns logits
-        [B, V] of each slot's last new token (rows that fed nothing get meaningless logits)."""
+        the run the grammar forced after it; [] for a slot that does not step), all in one packed
+        pass. Returns logits [B, V] of each slot's last new token (rows that fed nothing get
+        meaningless logits)."""
         inputs = slots.begin(rows, tokens)
         try:
-            out = self.model(**inputs, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: slots})
+            out = self.model(**inputs, use_cache=True, **{self._cache_kwarg: slots})
         except BaseException:
             slots.end(completed=False)
             raise
         slots.end()
         self.forward_passes += 1
-        return out.logits[:, -1]  # [B, V]
+        return out.logits[0]  # [B, V]

@@ -105,21 +105,31 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------------
 
     def forward(self) -> tuple[list[Sequence], torch.Tensor | None]:
-        """Runs this step's forward passes; returns the rows that get a token and their logits [B, V]."""
+        """Runs this step's forward pass: the rows' tokens and at most prefill_chunk prompt tokens,
+        side by side in one packed pass; returns the rows that get a token and their logits [B, V]."""
         self._take_new()
-        newcomers, newcomer_logits = self._prefill()
-        seqs, parts = [], []
-        if self.rows:
-            logits, sampled = self._decode()
-            if sampled:
-                parts.append(logits)
-                seqs.extend(sampled)
-        if newcomers:
-            parts.append(newcomer_logits)
-            seqs.extend(newcomers)
-        if not parts:
+        fed = self._prompt_chunks()
+        lo, run = self._decode_feeds() if self.rows else (0, [])
+        if not fed and not run:
             return [], None
-        return seqs, parts[0] if len(parts) == 1 else torch.cat(parts)  # [B(+k), V]
+        slots = list(range(lo, lo + len(run))) + [seq.slot for seq, _ in fed]
+        logits = self.runner.forward(self.slots, slots, run + [chunk for _, chunk in fed])  # [len(slots), V]
+        self._count_pass(len(self.rows))
+        seqs = [seq for seq in self.rows if not seq.next_input]  # sampled now (others feed more first)
+        picks = [seq.slot - lo for seq in seqs]
+        for i, (seq, chunk) in enumerate(fed):
+            del seq.next_input[: len(chunk)]
+            if not seq.next_input:  # prompt done: its first token next
+                self.prefilling.remove(seq)
+                self.joining.append(seq)
+                self._cache_prompt(seq)
+                seqs.append(seq)
+                picks.append(len(run) + i)
+        if not seqs:
+            return [], None
+        if picks != list(range(len(slots))):
+            logits = logits.index_select(0, torch.tensor(picks, dtype=torch.long, device=logits.device))
+        return seqs, logits  # [B', V]
 
     def _take_new(self) -> None:
         """Parked requests whose grammar is ready, then waiting ones while the step's prefill budget
@@ -155,35 +165,19 @@ class Scheduler:
         return shared >= min(SHARED_PREFIX_WAIT, len(prompt) - 1) and \
             shared > self.prefix_cache.find(prompt[:-1]).length  # find: not counted as a lookup
 
-    def _prefill(self) -> tuple[list[Sequence], torch.Tensor | None]:
-        """One pass of at most prefill_chunk prompt tokens over the prefilling requests, in order;
-        returns those whose prompt is now done (first token next) and their logits [k, V]."""
+    def _prompt_chunks(self) -> list[tuple[Sequence, list[int]]]:
+        """At most prefill_chunk prompt tokens of the prefilling requests, in order."""
         budget, fed = self.prefill_chunk, []
         for seq in self.prefilling:
             if budget == 0:
                 break
             fed.append((seq, seq.next_input[:budget]))
             budget -= len(fed[-1][1])
-        if not fed:
-            return [], None
-        logits = self.runner.forward(self.slots, [seq.slot for seq, _ in fed], [chunk for _, chunk in fed])  # [k, V]
-        self._count_pass()
-        done = []
-        for i, (seq, chunk) in enumerate(fed):
-            del seq.next_input[: len(chunk)]
-            if not seq.next_input:
-                done.append(i)
-                self.prefilling.remove(seq)
-                self.joining.append(seq)
-                self._cache_prompt(seq)
-        if not done:
-            return [], None
-        index = torch.tensor(done, dtype=torch.long, device=logits.device)
-        return [fed[i][0] for i in done], logits.index_select(0, index)  # [k, V]
+        return fed
 
-    def _decode(self) -> tuple[torch.Tensor, list[Sequence]]:
-        """One pass over the rows' slots: each row feeds its pending tokens (all of them when it
-        extends, else one). Returns the logits [B', V] of the rows that are sampled next, and them."""
+    def _decode_feeds(self) -> tuple[int, list[list[int]]]:
+        """The rows' feeds over the run of their slots [lo, hi): each row's pending tokens (all of
+        them when it extends, else one); [] for slots in the run that are not rows."""
         lo = min(seq.slot for seq in self.rows)
         hi = max(seq.slot for seq in self.rows) + 1
         feeds: list[list[int]] = [[] for _ in range(hi - lo)]
@@ -191,13 +185,7 @@ class Scheduler:
             n = len(seq.next_input) if self.extend and seq.params.forced_extend else 1
             feeds[seq.slot - lo] = seq.next_input[:n]
             del seq.next_input[:n]
-        logits = self.runner.forward(self.slots, list(range(lo, hi)), feeds)  # [hi - lo, V]
-        self._count_pass(len(self.rows))
-        sampled = [seq for seq in self.rows if not seq.next_input]
-        if len(sampled) < hi - lo:
-            index = torch.tensor([seq.slot - lo for seq in sampled], dtype=torch.long, device=logits.device)
-            logits = logits.index_select(0, index)  # [B', V]
-        return logits, sampled
+        return lo, feeds
 
     def settle(self) -> None:
         """After the step's tokens were appended: the newcomers join the rows."""

@@ -8,17 +8,16 @@ A row owns one slot from admission to release, and token i of the row lives in c
 slot. A forward pass writes each new token's KV where it belongs (index_put_), so no row is moved,
 re-padded or copied when another joins or leaves, and a prefix-cache hit is one copy into the slot.
 
-A pass feeds a list of slots; slot b feeds n_b >= 0 new tokens, right-aligned in the [B, T] input
-so that the last column holds every stepping row's last token (logits_to_keep=1 then gives the
-logits to sample from); padding queries write nothing. The decode pass covers the run of slots
-[lo, hi) from the lowest running row to the highest; slots in it that do not step (free, parked,
-being prefilled) feed a dummy token that writes nothing. Attention then reads keys[l][lo:hi, :, :W]
-(a view; W = the longest row after the pass). A prefill pass of several prompts at once feeds just
-their slots and reads a gathered copy of their (short) KV. Either way the mask is
-built from each row's real length: the token at position p sees columns <= p, and on a
-sliding-window layer only those > p - window. Sliding layers therefore keep every token and the
-mask holds the window, which keeps a row's distances exact and lets the prefix cache cut segments
-out of every layer.
+A pass feeds a list of slots; slot b feeds n_b >= 0 new tokens. The pass is packed: the model
+sees every row's new tokens side by side in one sequence (no padding), its linear layers run once
+over them, and engine/slot_attention.py splits the attention by row. The leading run of
+consecutive slots [lo, hi) (the running rows, with holes for slots that do not feed one token
+now) attends in one batched call over the view keys[l][lo:hi, :, :W]; every other row (a prompt
+chunk, a forced run) attends alone over its own slot's view. So prompt chunks, forced runs and
+decode tokens share one forward pass, and no KV is copied to attend. Masks are built from each
+row's real length: the token at position p sees columns <= p, and on a sliding-window layer only
+those > p - window. Sliding layers therefore keep every token and the mask holds the window,
+which keeps a row's distances exact and lets the prefix cache cut segments out of every layer.
 
 Memory: the tensors grow (by reallocation, the only time rows are copied) when an admitted row's
 reservation needs more slots or columns, never beyond `budget_bytes`; `admissible()` tells the
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kv_segment import KVSegment
+from engine.slot_attention import Plan, Run, active
 
 GRAIN = 256  # capacity grows in multiples of this many tokens
 
@@ -63,25 +63,19 @@ class KVShape:
 
 @dataclass(frozen=True)
 class MaskLayout:
-    """Which attention masks a model's forward takes: one 4D tensor, or a dict by layer type."""
+    """Each layer's sliding window, and whether the model takes its masks as a dict by layer type."""
 
-    window: int | None  # sliding window of a model whose layers all slide (Mistral), else None
-    by_type: dict[str, int | None] | None  # layer type -> window, for models with mixed layer types
-    additive: bool  # eager attention adds a float mask; sdpa and others take a boolean one
+    windows: tuple[int | None, ...]  # per layer; None: full attention
+    by_type: tuple[str, ...]  # the layer types of a model with several (Gemma 3), else ()
 
     @staticmethod
     def of(config) -> MaskLayout:
-        additive = getattr(config, "_attn_implementation", "sdpa") == "eager"
         window = getattr(config, "sliding_window", None)
         types = getattr(config, "layer_types", None)
         if types is None:  # Llama, Mistral: every layer alike, sliding when a window is set
-            return MaskLayout(window, None, additive)
-        kinds = set(types)
-        if kinds == {"full_attention"}:
-            return MaskLayout(None, None, additive)
-        if kinds == {"sliding_attention"}:
-            return MaskLayout(window, None, additive)
-        return MaskLayout(None, {kind: window if kind == "sliding_attention" else None for kind in kinds}, additive)
+            return MaskLayout((window,) * config.num_hidden_layers, ())
+        windows = tuple(window if kind == "sliding_attention" else None for kind in types)
+        return MaskLayout(windows, tuple(sorted(set(types))) if len(set(types)) > 1 else ())
 
 
 class SlotCache:
@@ -198,70 +192,58 @@ class SlotCache:
     # ---- one forward pass -------------------------------------------------------------------
 
     def begin(self, slots: list[int], tokens: list[list[int]]) -> dict:
-        """Inputs of a pass feeding tokens[b] (possibly none) to slots[b].
-
-        Returns input_ids [B, T], position_ids [B, T] and attention_mask (a [B, 1, T, W] mask, or a
-        dict of them by layer type) for the model; its attention layers then call update(). A pass
-        over a run of consecutive slots reads their KV in place; any other set of slots (several
-        prompts prefilled together) reads a gathered copy of theirs."""
+        """Inputs of a packed pass feeding tokens[b] (possibly none) to slots[b]: input_ids and
+        position_ids [1, N] of every row's new tokens side by side, logits_to_keep [B] (each row's
+        last new token; 0 for a row that feeds none) and a placeholder attention mask (the masks are
+        engine/slot_attention.py's). The leading run of consecutive slots is the decode group: its
+        rows feeding one token attend in one batched call over a view of their slots."""
         counts = [len(t) for t in tokens]
-        T = max(counts)
-        lengths = [self.lengths[slot] for slot in slots]
-        width = max(n + c for n, c in zip(lengths, counts))
-        if width > self.allocated[1]:
-            raise RuntimeError(f"a pass needs {width} KV columns; slots hold {self.allocated[1]}")
-        lo = slots[0]
-        run = slots == list(range(lo, lo + len(slots)))
-        # Everything a pass needs from the host is built on the host and crosses in one copy; nothing
-        # here waits for the device (no nonzero() or .item() on device tensors).
-        B = len(slots)
-        ids = torch.zeros(B, T, dtype=torch.long)  # [B, T]
-        for b, row in enumerate(tokens):
-            if row:
-                ids[b, T - len(row):] = torch.tensor(row)
-        offset = torch.arange(T) - (T - torch.tensor(counts)).unsqueeze(1)  # [B, T]
-        real = offset >= 0  # [B, T]; False: padding or a slot that does not step
-        positions = torch.tensor(lengths).unsqueeze(1) + offset.clamp(min=0)  # [B, T]
-        rows, cols = real.nonzero(as_tuple=True)  # [N], [N]
-        n = len(rows)
-        where = torch.tensor(slots)  # [B]
-        host = torch.cat([ids.flatten(), positions.flatten(), real.flatten().long(), where[rows], rows, cols,
-                          positions[rows, cols], where])  # [3BT + 4N + B]
-        dev = self.device
-        packed = host.to(dev, non_blocking=True)  # from pageable memory: staged, no wait for the device
-        ids, positions, real = (packed[i * B * T:(i + 1) * B * T].view(B, T) for i in range(3))
-        real = real.bool()
-        at, rows, cols, written = (packed[3 * B * T + i * n:3 * B * T + (i + 1) * n] for i in range(4))
-        read = slice(lo, lo + B) if run else packed[3 * B * T + 4 * n:]  # [B] slots, when not a run
-        self._pass = (slots, counts, width, at, rows, cols, written, read)
-        columns = torch.arange(width, device=dev)  # [W]
-        causal = columns <= positions.unsqueeze(2)  # [B, T, W]
-
-        def mask(window: int | None) -> torch.Tensor:
-            see = causal if window is None else causal & (columns > positions.unsqueeze(2) - window)
-            see = torch.where(real.unsqueeze(2), see, columns == 0)  # a padding query sees column 0 only
-            see = see.unsqueeze(1)  # [B, 1, T, W]
-            if not self.layout.additive:
-                return see
-            return torch.zeros(see.shape, dtype=self.shape.dtype, device=dev).masked_fill(
-                ~see, torch.finfo(self.shape.dtype).min)
-
-        if self.layout.by_type is not None:
-            attention_mask = {kind: mask(window) for kind, window in self.layout.by_type.items()}
-        else:
-            attention_mask = mask(self.layout.window)
-        return {"input_ids": ids, "position_ids": positions, "attention_mask": attention_mask}
+        for slot, c in zip(slots, counts):
+            if self.lengths[slot] + c > self.allocated[1]:
+                raise RuntimeError(f"slot {slot} needs {self.lengths[slot] + c} KV columns; slots hold "
+                                   f"{self.allocated[1]}")
+        M = 1
+        while M < len(slots) and slots[M] == slots[0] + M:
+            M += 1
+        plan = Plan(self.layout.windows, self.device, lo=slots[0], M=M)
+        # Everything a pass needs from the host is built here and crosses in one copy; nothing waits
+        # for the device (no nonzero() or .item() on device tensors).
+        ids, positions, at, last, dec_tokens, dec_rows, dec_pos = [], [], [], [], [], [], [-1] * M
+        for b, (slot, row) in enumerate(zip(slots, tokens)):
+            n, start = len(ids), self.lengths[slot]
+            ids += row
+            positions += range(start, start + len(row))
+            at += [slot] * len(row)
+            last.append(max(len(ids) - 1, 0))
+            if b < M and len(row) == 1:
+                dec_tokens.append(n)
+                dec_rows.append(b)
+                dec_pos[b] = start
+            elif row:
+                plan.runs.append(Run(n, len(ids), slot, start))
+        N, B, r = len(ids), len(slots), len(dec_tokens)
+        host = torch.tensor(ids + positions + at + last + dec_tokens + dec_rows + dec_pos, dtype=torch.long)
+        packed = host.to(self.device, non_blocking=True)  # from pageable memory: staged, no wait
+        ids, positions, at, last = packed[:N], packed[N:2 * N], packed[2 * N:3 * N], packed[3 * N:3 * N + B]
+        if r:
+            rest = packed[3 * N + B:]
+            plan.dec_tokens, plan.dec_rows, plan.dec_pos = rest[:r], rest[r:2 * r], rest[2 * r:]
+            plan.width = max(self.lengths[slot] + c for slot, c in zip(slots[:M], counts[:M]))
+        self._pass = (slots, counts, at, positions)
+        active(plan)
+        placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
+        mask = {kind: placeholder for kind in self.layout.by_type} if self.layout.by_type else placeholder
+        return {"input_ids": ids.unsqueeze(0), "position_ids": positions.unsqueeze(0), "attention_mask": mask,
+                "logits_to_keep": last}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """key_states, value_states: [B, H, T, D] of this pass. Writes the real tokens' KV into the
-        slots and returns the keys and values attention reads, [B, H, W, D] views."""
-        _, _, width, at, rows, cols, positions, read = self._pass
+        """key_states, value_states: [1, H, N, D] of this pass's tokens. Writes each token's KV into
+        its slot and returns the layer's whole tensors, which slot attention reads by view."""
+        _, _, at, positions = self._pass
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        k[at, :, positions] = key_states[rows, :, cols]  # [N, H, D]
-        v[at, :, positions] = value_states[rows, :, cols]
-        if isinstance(read, slice):
-            return k[read, :, :width], v[read, :, :width]  # views
-        return k[:, :, :width].index_select(0, read), v[:, :, :width].index_select(0, read)  # copies
+        k[at, :, positions] = key_states[0].transpose(0, 1)  # [N, H, D]
+        v[at, :, positions] = value_states[0].transpose(0, 1)
+        return k, v
 
     def end(self, completed: bool = True) -> None:
         """After the pass: each slot holds its new tokens. A pass that failed (completed=False) adds
@@ -271,6 +253,7 @@ class SlotCache:
             for slot, c in zip(slots, counts):
                 self.lengths[slot] += c
         self._pass = None
+        active(None)
 
     # transformers asks a cache for these in places; the masks and positions we pass make them moot.
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -99,7 +99,7 @@ def test_seeded_sampling_is_per_row(tiny_model, smollm_tokenizer):
     assert [driver.tokens(r) for r in requests] == serial
 
 
-def test_chunked_prefill_stalls_running_rows_one_chunk_per_step(tiny_model, smollm_tokenizer):
+def test_a_prefill_chunk_shares_the_running_rows_pass(tiny_model, smollm_tokenizer):
     short, long = prompts((4, 30))
     expected = alone(tiny_model, smollm_tokenizer, long, max_tokens=5)
     driver = Driver(tiny_model, smollm_tokenizer, prefill_chunk=8)
@@ -112,7 +112,7 @@ def test_chunked_prefill_stalls_running_rows_one_chunk_per_step(tiny_model, smol
         passes = driver.engine.runner.forward_passes
         driver.step()
         counts.append((len(driver.tokens(running)) - before, driver.engine.runner.forward_passes - passes))
-    assert counts == [(1, 2)] * 4, "each step: one prefill chunk + one decode pass, one token for the running row"
+    assert counts == [(1, 1)] * 4, "each step: one pass holding the chunk and the running row's token"
     assert len(driver.tokens(newcomer)) == 1  # first token sampled with the last chunk
     driver.run()
     assert driver.tokens(newcomer) == expected

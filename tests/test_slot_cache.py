@@ -68,7 +68,7 @@ def test_the_probe_reads_the_models_kv_geometry(shape):
 
 
 def test_slots_keep_their_kv_while_others_join_and_leave(shape):
-    cache = SlotCache(shape, MaskLayout(None, None, False), torch.device("cpu"), num_slots=4,
+    cache = SlotCache(shape, MaskLayout((None, None), ()), torch.device("cpu"), num_slots=4,
                       context_length=CONTEXT, budget_bytes=1 << 30)
     a, b = cache.open(100), cache.open(300)
     assert (a, b) == (0, 1) and cache.allocated[1] >= 300
@@ -86,7 +86,7 @@ def test_slots_keep_their_kv_while_others_join_and_leave(shape):
 
 def test_growth_keeps_the_rows_and_never_passes_the_budget(shape):
     budget = 3 * 2 * GRAIN * shape.bytes_per_token  # three slots of 512 tokens, or one of 1024 and change
-    cache = SlotCache(shape, MaskLayout(None, None, False), torch.device("cpu"), num_slots=8,
+    cache = SlotCache(shape, MaskLayout((None, None), ()), torch.device("cpu"), num_slots=8,
                       context_length=CONTEXT, budget_bytes=budget)
     a = cache.open(GRAIN)
     kv_a = KVSegment(torch.randn(2, 2, 2, 30, 16))
