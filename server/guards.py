@@ -42,16 +42,17 @@ class Guard:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await _reply(send, path, 413, "invalid_request_error", self._too_large())
         if length is None and scope["method"] in ("POST", "PUT", "PATCH"):  # chunked: read it here, bounded
-            body, more = b"", True
+            chunks, size, more = [], 0, True  # joined once: `body += chunk` copied the body per chunk
             while more:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     return
-                body += message.get("body", b"")
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
                 more = message.get("more_body", False)
-                if len(body) > self.max_body_bytes:
+                if size > self.max_body_bytes:
                     return await _reply(send, path, 413, "invalid_request_error", self._too_large())
-            receive = _replay(body, receive)
+            receive = _replay(b"".join(chunks), receive)
         await self.app(scope, receive, send)
 
     def _authorized(self, headers: dict) -> bool:
