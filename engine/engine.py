@@ -296,8 +296,21 @@ def default_kv_budget(device: torch.device, shape: KVShape, max_batch: int, cont
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return min(full, int(free * 0.8))
+    return min(full, _available_ram() // 4)
+
+
+def _available_ram() -> int:
+    """Memory the host can give without swapping: Linux's MemAvailable (free memory plus the page
+    cache it can drop; free pages alone are far less on a machine that has read files), else free
+    pages, else 8 GiB."""
     try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        available = 8 << 30
-    return min(full, available // 4)
+        return 8 << 30

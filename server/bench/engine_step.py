@@ -71,7 +71,9 @@ def step_times(loaded, context: int, steps: int, blocks: int, progress_bar) -> d
     from engine.slot_cache import KVShape
 
     shape = KVShape.probe(loaded.model, loaded.device)
-    engine = bench_engine(loaded, prefix_cache_bytes=2 * context * shape.bytes_per_token, prefill_chunk=512)
+    room = 8 * (context + steps + 8 + 256) * shape.bytes_per_token  # the 8 rows' KV, whatever memory is free now
+    engine = bench_engine(loaded, prefix_cache_bytes=2 * context * shape.bytes_per_token, prefill_chunk=512,
+                          kv_cache_bytes=room)
     stepper = Stepper(engine)
     prefix = _cached_context(engine, loaded, context)
     rows = [stepper.submit(prefix + [200 + i], max_tokens=steps + 8) for i in range(8)]
