@@ -1,35 +1,31 @@
 """Suite `budget`: tight max_tokens over BFCL function schemas: the shares of valid, truncated and
-invalid outputs, maskd beside xgrammar and outlines where importable.
+invalid outputs, maskd beside the peers where installed (server/bench/peers.py).
 
 Per schema and slack s, greedy, through maskd's chat path (the code the HTTP routes run): "tools"
 (tool_choice "required", max_tokens = shortest valid call + s; also streamed at the smallest slack
 and compared) and "json" (response_format json_schema of the first function's parameters,
 max_tokens = shortest valid object + s). The shortest length is the prepared constraint's
 min_tokens(), checked against the minimum the 400 for max_tokens=1 states. Peers run "json" on the
-same prompt ids, model object and budget, through transformers' generate() with their own logits
-processors: xgrammar's contrib.hf.LogitsProcessor and outlines' OutlinesCoreLogitsProcessor (Index
-built in maskd's killable compile worker under maskd's time limit). JSON is compact for all. An
-output is valid (parses, jsonschema-valid, known tool), truncated (budget ran out first), invalid
-(complete but wrong) or refused (no compile); schemas maskd refuses (400) are left out for all, and
-counted.
+same prompt ids and budget: xgrammar, outlines and llguidance through transformers' generate() on
+maskd's model object with their own logits processors, llama-cpp-python on the same GGUF with its
+schema grammar (server/bench/peers.py says how each is set up). An output is valid (parses,
+jsonschema-valid, known tool), truncated (budget ran out first), invalid (complete but wrong) or
+refused (no compile); schemas maskd refuses (400) are left out for all, and counted.
 """
 
 from __future__ import annotations
 
 import json
-import pickle
 import re
 import time
 from pathlib import Path
 
 import jsonschema
-import torch
 
-from grammars import GrammarError
-from grammars.compile_worker import CompileWorker
 from server import chat
 from server.errors import APIError
 from server.protocol import ChatCompletionRequest
+from server.bench.peers import Peers
 from server.bench.schemas import functions_of
 from server.state import ServerState
 
@@ -118,59 +114,20 @@ async def run_maskd(state: ServerState, functions: dict, task: str, budget: int,
             time.perf_counter() - started, "output": [list(c) for c in calls] if task == "tools" else text}
 
 
-class Peers:
-    """xgrammar and outlines, each through its own transformers logits processor, on maskd's model."""
+def run_peer(peers, name: str, made, prompt_ids: list[int], budget: int, schema: dict, tokenizer) -> dict:
+    """One peer's greedy output for ``schema`` within ``budget`` tokens, judged like maskd's."""
+    if isinstance(made, str):
+        return {"verdict": "refused", "finish": None, "forced": None, "tokens": None, "seconds": 0.0,
+                "output": made[:300]}
+    started = time.perf_counter()
+    new, _ = peers.generate(name, made, prompt_ids, budget)
+    stopped = bool(new) and new[-1] in peers.ready[name].eos
+    text = tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=False)
+    return {"verdict": judge_json(text, schema, not stopped), "finish": "stop" if stopped else "length",
+            "forced": None, "tokens": len(new), "seconds": time.perf_counter() - started, "output": text}
 
-    def __init__(self, state: ServerState) -> None:
-        import outlines
-        import xgrammar
-        from outlines.backends.outlines_core import OutlinesCoreBackend, OutlinesCoreLogitsProcessor
-        from xgrammar.contrib.hf import LogitsProcessor
 
-        self.model, self.tokenizer = state.engine.runner.model, state.tokenizer  # maskd's model object
-        self.eos, self.timeout_s = sorted(state.engine.eos_token_ids), state.compiler.timeout_s
-        info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=state.vocabulary.size,
-                                                       stop_token_ids=self.eos)
-        self.xgrammar = xgrammar.GrammarCompiler(info, max_threads=1)
-        self.xgrammar_processor = LogitsProcessor
-        backend = OutlinesCoreBackend(outlines.from_transformers(self.model, self.tokenizer))
-        self.outlines_worker = CompileWorker(pickle.dumps(backend.vocabulary))
-        self.outlines_processor = OutlinesCoreLogitsProcessor
-
-    def compile(self, schema: dict) -> dict[str, object]:
-        """Per peer: a factory of fresh logits processors for ``schema``, or why it could not compile."""
-        from outlines_core.json_schema import build_regex_from_schema
-
-        made: dict[str, object] = {}
-        try:
-            grammar = self.xgrammar.compile_json_schema(json.dumps(schema), any_whitespace=False,
-                                                        separators=(",", ":"))
-            made["xgrammar"] = lambda: self.xgrammar_processor(grammar)
-        except Exception as exc:  # noqa: BLE001 - any compile failure is a refusal
-            made["xgrammar"] = f"{type(exc).__name__}: {exc}"
-        try:
-            index = self.outlines_worker.build(build_regex_from_schema(json.dumps(schema), ""), self.timeout_s)
-            made["outlines"] = lambda: self.outlines_processor(index, "torch")
-        except (GrammarError, ValueError, TypeError) as exc:  # CompileTimeout is a GrammarError
-            made["outlines"] = f"{type(exc).__name__}: {exc}"
-        return made
-
-    def run(self, made, prompt_ids: list[int], budget: int, schema: dict) -> dict:
-        if isinstance(made, str):
-            return {"verdict": "refused", "finish": None, "forced": None, "tokens": None, "seconds": 0.0,
-                    "output": made[:300]}
-        started = time.perf_counter()
-        prompt = torch.tensor([prompt_ids], device=self.model.device)  # [1, P]
-        out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), logits_processor=[made()],
-                                  max_new_tokens=budget, do_sample=False, eos_token_id=self.eos,
-                                  pad_token_id=self.eos[0])  # [1, P + T]
-        new = out[0, len(prompt_ids):].tolist()
-        stopped = bool(new) and new[-1] in self.eos
-        text = self.tokenizer.decode(new[:-1] if stopped else new, skip_special_tokens=False)
-        return {"verdict": judge_json(text, schema, not stopped), "finish": "stop" if stopped else "length",
-                "forced": None, "tokens": len(new), "seconds": time.perf_counter() - started, "output": text}
-
-async def bench(state: ServerState, peers: Peers | None, rows: list[dict], slacks: list[int],
+async def bench(state: ServerState, peers, rows: list[dict], slacks: list[int],
                 stream_slacks: list[int], tick=lambda: None, log=lambda line: None) -> dict:
     """Runs every row at every slack; ``tick`` after each schema, ``log`` gets a line per schema."""
     out = {"records": [], "skipped": {}, "min_400_agrees": [0, 0], "stream_equal": [0, 0], "seconds": []}
@@ -201,7 +158,8 @@ async def bench(state: ServerState, peers: Peers | None, rows: list[dict], slack
                     out["stream_equal"][0] += [whole[k] for k in same] == [streamed[k] for k in same]
                     out["stream_equal"][1] += 1
                 elif task == "json":
-                    runs.update({peer: peers.run(m, least[task][1], budget, params) for peer, m in made.items()})
+                    runs.update({peer: run_peer(peers, peer, m, least[task][1], budget, params, state.tokenizer)
+                                 for peer, m in made.items()})
                 out["records"] += [{**base, "engine": engine, **result} for engine, result in runs.items()]
         out["seconds"].append(time.perf_counter() - started)
         mine = [r for r in out["records"] if r["schema"] == i]
@@ -264,23 +222,16 @@ def run(ctx, progress, log=lambda line: None, no_peers: bool = False, stream_all
     rows = function_rows(ctx.rows)
     rows = rows[::max(1, len(rows) // sizes.budget_schemas)][:sizes.budget_schemas]
     slacks = list(sizes.slacks)
-    import importlib.util
-
-    peers, skipped = None, {}
-    if not no_peers:
-        skipped = {name: "not installed" for name in ("xgrammar", "outlines") if importlib.util.find_spec(name) is None}
-        if not skipped:  # the two run side by side (Peers holds both) or not at all
-            peers = Peers(state)
-        else:
-            skipped = {name: skipped.get(name, "runs only beside the other peer, which is not installed")
-                       for name in ("xgrammar", "outlines")}
+    peers = None if no_peers else Peers(stack)
+    skipped = {} if peers is None else peers.skipped
     bar = progress("budget", len(rows))
     try:
-        out = asyncio.run(bench(state, peers, rows, slacks, slacks if stream_all else [min(slacks)], bar.update, log))
+        out = asyncio.run(bench(state, peers if peers and peers.ready else None, rows, slacks,
+                                slacks if stream_all else [min(slacks)], bar.update, log))
     finally:
         bar.close()
         if peers:
-            peers.outlines_worker.kill()
+            peers.close()
     table = summarize(out["records"], slacks)
     pcent = lambda v: fmt(v and 100 * v, ".0f") + ("%" if v is not None else "")  # noqa: E731
     rows_out = [[r["engine"], str(r["slack"]), str(r["n"]), pcent(r["valid"]), pcent(r["truncated"]),
@@ -289,6 +240,9 @@ def run(ctx, progress, log=lambda line: None, no_peers: bool = False, stream_all
     rows_out += [[name, "-", "-", "skipped", "-", "-", "-", "-", "-", "-"] for name in skipped]
     agrees, equal = out["min_400_agrees"], out["stream_equal"]
     valid = {f"{r['engine']} @ +{r['slack']}": r["valid"] for r in table}
+    json_engines = ["maskd json", *(peers.ready if peers else ())]  # the same prompts, model and budgets
+    side = [[f"+{slack}"] + [pcent(next((r["valid"] for r in table if r["engine"] == e and r["slack"] == slack), None))
+                             for e in json_engines] + ["skipped"] * len(skipped) for slack in slacks]
     return {
         "schemas": len(rows), "slacks": slacks, "served": len(out["seconds"]), "summary": table, "peers_skipped": skipped,
         **out, "ratios": {f"valid share, {k}": v for k, v in valid.items()},
@@ -298,5 +252,7 @@ def run(ctx, progress, log=lambda line: None, no_peers: bool = False, stream_all
                  + [f"{k}: skipped ({v})." for k, v in skipped.items()],
         "tables": [{"title": "Outputs under max_tokens = shortest valid output + slack (greedy)",
                     "columns": ["engine", "slack", "n", "valid", "truncated", "invalid", "refused", "budget-closed",
-                                "mean tokens", "s/run"], "rows": rows_out}],
+                                "mean tokens", "s/run"], "rows": rows_out},
+                   {"title": "Valid share of the json_schema outputs side by side (same prompt ids, model, budgets)",
+                    "columns": ["slack", *json_engines, *skipped], "rows": side}],
     }
