@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?=
 
-.PHONY: setup serve test test-min bench gemma clean
+.PHONY: setup serve test test-min bench peers gemma clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,18 @@ $(MIN_STAMP): ci/min-constraints.txt
 
 test-min: $(MIN_STAMP)
 	PYTHONPATH=$(CURDIR) $(MIN_PY) -m pytest -q -p no:cacheprovider $(MIN_TESTS)
+
+# The peers `maskd bench` runs beside maskd (pyproject's `peers` extra: xgrammar, llguidance, outlines,
+# llama-cpp-python) into the same venv, torch held at the version already there (pip may not swap the
+# CPU build for another); `make setup` leaves them installed. llama-cpp-python builds from source
+# where no wheel fits: cmake and a C++ compiler, ~8 min on 2 cores (kept in pip's wheel cache).
+PEERS_STAMP := $(VENV)/.maskd-peers-installed
+peers: $(PEERS_STAMP)
+
+$(PEERS_STAMP): $(STAMP)
+	$(PY) -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > $(VENV)/torch-constraint.txt
+	CMAKE_ARGS="$${CMAKE_ARGS:--DGGML_NATIVE=OFF}" $(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e '.[peers]'
+	touch $(PEERS_STAMP)
 
 # Every suite of `maskd bench` at --quick sizes on the embedded model and the CPU (well under 20
 # minutes on 2 cores); refreshes benchmarks/RESULTS.md's CPU section and benchmarks/bench-cpu/.
