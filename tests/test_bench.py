@@ -39,3 +39,49 @@ def test_bench_all_quick_writes_every_promised_file(tmp_path):
         assert "\n|---" in section and "![" in section, section[:200]
     for name in SUITES:  # the table on stdout too
         assert results["suites"][name]["result"]["tables"][0]["title"] in run.stdout
+
+
+def test_overhead_credits_forced_tokens_to_the_step_that_made_them():
+    """A step that samples a token and appends the forced text after it gains all of them at once:
+    the decode rate after the first step counts only what later steps made, over their time."""
+    import itertools
+    from types import SimpleNamespace
+
+    from server.bench.overhead import StepTimer
+
+    seq = SimpleNamespace(output_ids=[])
+    gains = iter([0, 1 + 4, 1, 1, 1 + 3, 1])  # a prefill chunk; first token + 4 forced; ...
+
+    def step() -> None:
+        seq.output_ids += [0] * next(gains)
+
+    engine = SimpleNamespace(step=step, scheduler=SimpleNamespace(running=[seq], waiting=[]))
+    ticks = itertools.count()  # each step starts and ends one second apart: ends at 1, 3, 5, 7, 9, 11
+    timer = StepTimer(engine, clock=lambda: next(ticks))
+    timer.on = True
+    for _ in range(6):
+        engine.step()
+    assert timer.gained == [0, 5, 1, 1, 4, 1]
+    assert timer.rate() == (1 + 1 + 4 + 1) / (11 - 3)  # the 4 forced with the first token are not later tokens
+    timer.remove()
+    assert engine.step is step
+
+
+def test_decode_rate_counts_intervals_between_steps():
+    from server.bench.peers import decode_rate
+
+    assert decode_rate([10.0, 10.5, 11.0, 11.5]) == 3 / 1.5
+    assert decode_rate([10.0]) != decode_rate([10.0])  # nan: one step says nothing of a rate
+
+
+def test_peers_not_installed_are_skipped_not_failed(monkeypatch):
+    import importlib.util
+
+    from server.bench import peers
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in peers.PEERS.values() else real(name, *a))
+    assert peers.missing() == {name: "not installed" for name in peers.PEERS}
+    started = peers.Peers(stack=None)  # nothing to start: no peer touches the stack
+    assert started.ready == {} and started.skipped == peers.missing()
