@@ -1,209 +1,76 @@
 """Suite `compile`: grammar compile coverage and time, cache hits, grammar memory, per-token mask cost.
 
 Schemas: the run's schema set (the package's MaskBench sample, or --schemas), the first N of each
-subset. Engines: maskd (GrammarCompiler: schema checks, normalizer, killable worker, caches: cold,
-warm = in memory, disk = a fresh compiler reading the disk cache), outlines-core used directly
-(default whitespace, no checks), and xgrammar / llguidance where importable (skipped otherwise).
-Mask cost: fill + apply per token along random-logit constrained walks (a stand-in for real
-generations). maskd masks as the engine does (ConstraintMasker: the per-state sparse id lists on
-CPU, stored at compile time), first visits of states included; maskd-warm repeats the same walks
-with every state memoised; maskd-packed repeats them with the packed-bitmask apply (fill +
-apply_token_bitmask_inplace, the CUDA path), its rows memoised by an untimed run first.
-"valid output": of the schemas an engine compiled, how many gave an output (random logits, budget =
-shortest valid length + 30, so budget-aware masks close it) that validates with jsonschema against
-the original schema; for outlines-core used directly, whatever constraints it drops show up here.
-Grammar memory: the compiled grammars' own size estimate (nbytes) where they have one.
+subset. Engines (server/bench/compile_engines.py), each schema compiled by each in turn: maskd
+(GrammarCompiler: schema checks, normalizer, killable worker, caches: cold, warm = in memory, disk =
+a fresh compiler reading the disk cache), outlines-core used directly (default whitespace, no
+checks), and xgrammar / llguidance where installed (skipped otherwise; compact JSON, as maskd's).
+Mask cost (server/bench/mask_walks.py): fill + apply per token along random-logit constrained walks
+(a stand-in for real generations), each walk run on every engine in turn. maskd masks as the engine
+does (ConstraintMasker: the per-state sparse id lists on CPU, stored at compile time), first visits
+of states included; maskd-warm repeats the same walk with every state memoised; maskd-packed
+repeats it with the packed-bitmask apply (fill + apply_token_bitmask_inplace, the CUDA path), its
+rows memoised by an untimed run first.
+"valid output": of the schemas maskd or outlines-core compiled, how many gave an output (random
+logits, budget = shortest valid length + 30, so budget-aware masks close it) that validates with
+jsonschema against the original schema; for outlines-core used directly, whatever constraints it
+drops show up here. The peers know no shortest length to close by: their outputs under budgets
+are the `budget` suite's. Grammar memory: the compiled grammars' own size estimate (nbytes).
 """
 
 from __future__ import annotations
 
-import json
-import pickle
-import tempfile
-import time
-
 import torch
 
-from grammars import (
-    CompileTimeout,
-    GrammarCompiler,
-    GrammarError,
-    UnsupportedSchemaError,
-)
-from grammars.compile_worker import CompileWorker
-from grammars.compiled_grammar import CompiledGrammar
-from server.bench.mask_walks import mask_llguidance, mask_maskd, mask_xgrammar
+from server.bench.compile_engines import MaskdCompiles, OutlinesDirect, PeerCompiles
+from server.bench.mask_walks import walk_llguidance, walk_maskd, walk_xgrammar
+from server.bench.peers import Peers
 from server.bench.stats import pct
 
 
-def generated_verdict(grammar, schema, tok, seed, slack=30):
-    """Decode one output under ``grammar`` with random logits and a budget of its shortest valid
-    length + ``slack`` (budget-aware masks close it), then judge it with jsonschema."""
-    import jsonschema
-
-    gen = torch.Generator().manual_seed(seed)
-    matcher, ids = grammar.matcher(), []
-    budget = grammar.min_tokens(grammar.initial_state) + slack
-    row = torch.zeros(grammar.width, dtype=torch.int32)
-    shifts = torch.arange(32, dtype=torch.int32)
-    while len(ids) < budget and not matcher.is_terminated():
-        forced = matcher.forced()[:budget - len(ids)]
-        for token in forced or []:
-            matcher.advance(token)
-        ids += forced
-        if forced:
-            continue
-        matcher.fill(row, budget - len(ids))
-        size = grammar.vocabulary.size
-        allowed = ((row.unsqueeze(-1) >> shifts) & 1).flatten()[:size].bool()
-        logits = torch.randn(size, generator=gen).masked_fill_(~allowed, float("-inf"))
-        token = int(torch.argmax(logits))
-        matcher.advance(token)
-        ids.append(token)
-    if not matcher.finished():
-        return "unfinished"
-    text = tok.decode([t for t in ids if t not in grammar.vocabulary.eos_token_ids])
+def compile_all(stack, schemas, timeout_s, keep, tick) -> tuple[dict, dict[str, str]]:
+    """Every schema compiled by every engine in turn, then maskd's disk pass: the engines by name,
+    and the peers skipped with why."""
+    tok, vocab = stack.loaded.tokenizer, stack.vocabulary
+    peers = Peers(stack, names=("xgrammar", "llguidance"))
+    engines = {"maskd": MaskdCompiles(vocab, timeout_s, keep, tok), "outlines-core": OutlinesDirect(vocab, timeout_s, tok),
+               **{name: PeerCompiles(peer, keep, warm=name == "xgrammar") for name, peer in peers.ready.items()}}
     try:
-        jsonschema.validate(json.loads(text), schema)
-    except jsonschema.SchemaError:
-        return "bad_schema"  # the schema itself is not valid JSON Schema: nothing to judge against
-    except (ValueError, jsonschema.ValidationError):
-        return "invalid"
-    return "valid"
+        for i, (_, schema) in enumerate(schemas):
+            tick()
+            for engine in engines.values():
+                engine.compile(i, schema)
+        engines["outlines-core"].close()  # its worker idle beside the disk pass
+        engines["maskd"].disk()
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return engines, peers.skipped
 
 
-class OutlinesDirect:
-    """outlines-core used directly: its schema-to-regex, then its Index built in a killable worker
-    under the same time limit (default whitespace, no schema checks).  Each compiled index also
-    decodes one output the way maskd's are (generated_verdict), to see what compiling means."""
-
-    def __init__(self, vocab, timeout_s):
-        from outlines_core.json_schema import build_regex_from_schema
-
-        self.to_regex, self.vocab, self.timeout_s = build_regex_from_schema, vocab, timeout_s
-        self.res = {"ok": 0, "timeout": 0, "error": 0, "cold_ms": [], "generated": {}}
-        self.worker = CompileWorker(pickle.dumps(vocab.outlines))
-        self.worker.build("a", 60)  # start-up outside the timings
-
-    def compile(self, schema, tok):
-        t = time.perf_counter()
-        try:
-            regex = self.to_regex(json.dumps(schema))
-            index = self.worker.build(regex, self.timeout_s)
-        except CompileTimeout:
-            self.res["timeout"] += 1
-            return
-        except (ValueError, GrammarError):
-            self.res["error"] += 1
-            return
-        self.res["cold_ms"].append((time.perf_counter() - t) * 1e3)
-        self.res["ok"] += 1
-        grammar = CompiledGrammar(index, regex, self.vocab, "outlines-direct")  # budget table for closing
-        verdict = generated_verdict(grammar, schema, tok, seed=self.res["ok"])
-        self.res["generated"][verdict] = self.res["generated"].get(verdict, 0) + 1
-
-
-def bench_maskd_and_outlines(schemas, vocab, timeout_s, keep, tok, tick=lambda: None):
-    """Compile every schema with outlines-core directly, then with maskd, one schema after the
-    other (so both see the same load on a shared machine).  The first ``keep`` maskd grammars are
-    kept for the mask walks (big indexes take hundreds of MB each: keeping them all ran a
-    345-schema run out of 24 GB)."""
-    res = {"ok": 0, "unsupported": 0, "timeout": 0, "error": 0, "cold_ms": [], "warm_us": [],
-           "disk_ms": [], "unsupported_keywords": {}, "generated": {}, "grammar_bytes": []}
-    grammars, compiled = [], []
-    outlines = OutlinesDirect(vocab, timeout_s)
-    with tempfile.TemporaryDirectory() as cache:
-        with GrammarCompiler(vocab, cache_dir=cache, timeout_s=timeout_s, lru_size=4) as compiler:
-            for _, schema in schemas:
-                tick()
-                outlines.compile(schema, tok)
-                t = time.perf_counter()
-                try:
-                    g = compiler.compile_json_schema(schema)
-                except UnsupportedSchemaError as e:
-                    res["unsupported"] += 1
-                    kw = res["unsupported_keywords"]
-                    kw[e.keyword] = kw.get(e.keyword, 0) + 1
-                    continue
-                except CompileTimeout:
-                    res["timeout"] += 1
-                    continue
-                except GrammarError:
-                    res["error"] += 1
-                    continue
-                res["cold_ms"].append((time.perf_counter() - t) * 1e3)
-                t = time.perf_counter()
-                compiler.compile_json_schema(schema)
-                res["warm_us"].append((time.perf_counter() - t) * 1e6)
-                res["ok"] += 1
-                if hasattr(g, "held_bytes"):
-                    res["grammar_bytes"].append(g.held_bytes())
-                verdict = generated_verdict(g, schema, tok, seed=len(compiled))
-                res["generated"][verdict] = res["generated"].get(verdict, 0) + 1
-                compiled.append(schema)
-                if len(grammars) < keep:
-                    grammars.append((schema, g))
-                del g
-        outlines.worker.kill()
-        with GrammarCompiler(vocab, cache_dir=cache, timeout_s=timeout_s, lru_size=4) as fresh:
-            for schema in compiled:
-                t = time.perf_counter()
-                fresh.compile_json_schema(schema)
-                res["disk_ms"].append((time.perf_counter() - t) * 1e3)
-    return res, grammars, outlines.res
-
-
-def bench_xgrammar(schemas, tok, keep, vocab_size):
-    try:
-        import xgrammar as xgr
-    except Exception as e:  # noqa: BLE001
-        return {"skipped": f"xgrammar not importable: {e}"}, None
-    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab_size)
-    compiler = xgr.GrammarCompiler(info, max_threads=1)
-    res = {"ok": 0, "error": 0, "cold_ms": [], "warm_us": []}
-    compiled = []
-    for _, schema in schemas:
-        t = time.perf_counter()
-        try:
-            c = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-        except Exception:  # noqa: BLE001
-            res["error"] += 1
-            continue
-        res["cold_ms"].append((time.perf_counter() - t) * 1e3)
-        t = time.perf_counter()
-        compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-        res["warm_us"].append((time.perf_counter() - t) * 1e6)
-        res["ok"] += 1
-        if len(compiled) < keep:  # the rest would only fill memory
-            compiled.append(c)
-    return res, (xgr, compiled)
-
-
-def bench_llguidance(schemas, tok, keep, vocab_size):
-    try:
-        import llguidance
-        import llguidance.hf
-    except Exception as e:  # noqa: BLE001
-        return {"skipped": f"llguidance not importable: {e}"}, None
-    lltok = llguidance.hf.from_tokenizer(tok, n_vocab=vocab_size)
-    res = {"ok": 0, "error": 0, "cold_ms": []}
-    matchers = []
-    for _, schema in schemas:
-        t = time.perf_counter()
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema), defaults={"whitespace_flexible": False})
-            m = llguidance.LLMatcher(lltok, grammar)
-            if m.is_error():
-                raise ValueError(m.get_error())
-        except Exception:  # noqa: BLE001
-            res["error"] += 1
-            continue
-        res["cold_ms"].append((time.perf_counter() - t) * 1e3)
-        res["ok"] += 1
-        if len(matchers) < keep:
-            matchers.append((grammar, m))
-    return res, (llguidance, lltok, matchers)
+def mask_walks(engines, stack, walks, steps) -> dict[str, list[float]]:
+    """The first ``walks`` schemas' walks, each on every engine that compiled it, in turn."""
+    tok, vocab = stack.loaded.tokenizer, stack.vocabulary
+    maskd = engines["maskd"].kept
+    walkers = {"maskd": lambda i: walk_maskd(maskd[i], tok, vocab, steps, i),
+               "maskd-warm": lambda i: walk_maskd(maskd[i], tok, vocab, steps, i),
+               "maskd-packed": lambda i: walk_maskd(maskd[i], tok, vocab, steps, i, packed=True)}
+    if "xgrammar" in engines:
+        walkers["xgrammar"] = lambda i: walk_xgrammar(engines["xgrammar"].kept[i], tok, vocab, steps, i)
+    if "llguidance" in engines:
+        llg = engines["llguidance"]
+        walkers["llguidance"] = lambda i: walk_llguidance(llg.peer, llg.kept[i], tok, vocab, steps, i)
+    kept = {"maskd-warm": maskd, "maskd-packed": maskd, **{name: engines[name].kept for name in walkers
+                                                           if name in engines}}
+    mask_us = {name: [] for name in walkers}
+    for i in range(walks):
+        for name, walker in walkers.items():
+            if i not in kept[name]:
+                continue
+            if name in ("maskd-warm", "maskd-packed"):  # the same walk untimed first: every state memoised
+                walker(i)
+            mask_us[name] += walker(i)
+    return mask_us
 
 
 def summarize(name, res, total):
@@ -220,51 +87,35 @@ def summarize(name, res, total):
 
 def run(ctx, progress, timeout_s: float = 10.0) -> dict:
     """The suite: compile the run's schemas (the first N of each subset) with every engine, then the
-    mask walks over the first ``walks`` grammars each engine compiled."""
+    mask walks over the first ``walks`` schemas, on each engine that compiled them."""
     from server.bench.schemas import per_subset
     from server.bench.stats import fmt
 
     stack = ctx.stack()
-    sizes, tok, vocab = ctx.sizes, stack.loaded.tokenizer, stack.vocabulary
+    sizes, vocab = ctx.sizes, stack.vocabulary
     rows = per_subset(ctx.rows, sizes.compile_per_subset)
     schemas = [(row["subset"], row["schema"]) for row in rows]
     n, walks, steps = len(schemas), sizes.walks, sizes.steps
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the mask runs on the engine thread, alone
-    bar = progress("compile", n + 5)
+    bar = progress("compile", n + 1)
     try:
-        maskd, grammars, outlines = bench_maskd_and_outlines(schemas, vocab, timeout_s, walks, tok, bar.update)
-        xg, xg_handle = bench_xgrammar(schemas, tok, walks, vocab.size)
-        bar.update()
-        llg, llg_handle = bench_llguidance(schemas, tok, walks, vocab.size)
-        bar.update()
-        compile_results = {"maskd": maskd, "outlines-core": outlines, "xgrammar": xg, "llguidance": llg}
-        mask_us = {"maskd": mask_maskd(grammars[:walks], tok, vocab, steps)}
-        # The same walks again untimed, then timed: every state memoised, as for a grammar that earlier
-        # requests used (agents resend the same tools); then the packed-bitmask apply, rows memoised first.
-        mask_maskd(grammars[:walks], tok, vocab, steps)
-        mask_us["maskd-warm"] = mask_maskd(grammars[:walks], tok, vocab, steps)
-        bar.update()
-        mask_maskd(grammars[:walks], tok, vocab, steps, packed=True)
-        mask_us["maskd-packed"] = mask_maskd(grammars[:walks], tok, vocab, steps, packed=True)
-        bar.update()
-        if xg_handle and xg_handle[1]:
-            mask_us["xgrammar"] = mask_xgrammar((xg_handle[0], xg_handle[1][:walks]), tok, vocab, steps)
-        if llg_handle and llg_handle[2]:
-            mask_us["llguidance"] = mask_llguidance(
-                (llg_handle[0], llg_handle[1], llg_handle[2][:walks]), tok, vocab, steps)
+        engines, skipped = compile_all(stack, schemas, timeout_s, walks, bar.update)
+        mask_us = mask_walks(engines, stack, walks, steps)
         bar.update()
     finally:
         torch.set_num_threads(torch_threads)
         bar.close()
-    summary = [summarize(k, v, n) for k, v in compile_results.items() if "skipped" not in v]
-    skipped = {k: v["skipped"] for k, v in compile_results.items() if "skipped" in v}
+    compile_results = {name: engine.res for name, engine in engines.items()}
+    maskd, outlines = compile_results["maskd"], compile_results["outlines-core"]
+    summary = [summarize(k, v, n) for k, v in compile_results.items()]
     mem = maskd["grammar_bytes"]
     ratios = {}
     for peer in ("xgrammar", "llguidance"):
-        theirs = compile_results[peer].get("cold_ms")
-        if theirs and maskd["cold_ms"]:
-            ratios[f"maskd / {peer} cold compile p50"] = pct(maskd["cold_ms"], 0.5) / pct(theirs, 0.5)
+        theirs = compile_results.get(peer, {})
+        for key, label in (("cold_ms", "cold compile"), ("warm_us", "warm compile")):
+            if theirs.get(key) and maskd[key]:
+                ratios[f"maskd / {peer} {label} p50"] = pct(maskd[key], 0.5) / pct(theirs[key], 0.5)
         if peer in mask_us and mask_us[peer]:
             ratios[f"maskd-warm / {peer} mask p50"] = pct(mask_us["maskd-warm"], 0.5) / pct(mask_us[peer], 0.5)
     table = [[r["engine"], f"{r['compiled']}/{r['total']}", fmt(r["valid_output"], "d"),
