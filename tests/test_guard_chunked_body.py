@@ -23,7 +23,7 @@ def test_a_chunked_body_is_joined_once_and_handed_over_whole():
         message = await receive()
         seen["body"], seen["more"] = message["body"], message["more_body"]
 
-    messages = [{"type": "http.request", "body": CHUNK, "more_body": i > 0} for i in range(CHUNKS)]  # popped from the end
+    messages = [{"type": "http.request", "body": CHUNK, "more_body": i > 0} for i in range(CHUNKS)]  # pop(): last first
 
     async def receive():
         return messages.pop() if messages else {"type": "http.disconnect"}
