@@ -196,7 +196,7 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One forward pass over every running row (plus one prefill chunk of a newcomer, if any);
+        """One forward pass over every running row (and at most one chunk of newcomers' prompts);
         each row gets one token. See engine/scheduler.py."""
         for seq in [s for s in self._running + list(self._waiting) if s.cancelled]:
             self._finish(seq, "cancelled")

@@ -13,13 +13,13 @@ Where a request is, from submission to its end:
   cache gives the longest cached prefix of the prompt (all but its last token, so at least one token
   is prefilled and yields logits), copied once into the slot; the request locks that path.
   Several requests prefill at once, within one step's budget of `prefill_chunk` prompt tokens.
-- forward: one step is one pass of at most `prefill_chunk` prompt tokens, shared in arrival order by
-  the prefilling requests (a burst of short prompts prefills together), then one pass over the
-  rows' slots in which each row feeds every token it has
+- forward: one step is one packed forward pass (engine/slot_attention.py) holding each row's
+  pending tokens beside at most `prefill_chunk` prompt tokens, shared in arrival order by the
+  prefilling requests (a burst of short prompts prefills together). A row feeds every token it has
   pending: its sampled token and the run the grammar forced after it (jump-forward), so a forced run
   costs one pass, not one per token. With forced extension off (server flag or request field) a row
   feeds one token per pass and is sampled again only after the last of its run.
-  A newcomer therefore stalls the running rows for one chunk per step, never for its whole prompt.
+  A newcomer therefore adds one chunk's work to the running rows' step, never its whole prompt.
 - when a prompt is done its KV is inserted into the prefix cache at once (other agents sharing
   the prefix hit it while this one decodes), and its first token is sampled in the same step as
   the rows' tokens: the step's logits are [rows..., newcomer] in that order.
@@ -128,7 +128,8 @@ class Scheduler:
         if not seqs:
             return [], None
         if picks != list(range(len(slots))):
-            logits = logits.index_select(0, torch.tensor(picks, dtype=torch.long, device=logits.device))
+            index = torch.tensor(picks, dtype=torch.long).to(logits.device, non_blocking=True)  # no wait for the device
+            logits = logits.index_select(0, index)
         return seqs, logits  # [B', V]
 
     def _take_new(self) -> None:
