@@ -249,7 +249,10 @@ def run(ctx, progress, log=lambda line: None, no_peers: bool = False, stream_all
         "notes": [f"{len(rows)} BFCL schemas; refused by maskd: {sum(out['skipped'].values())} {out['skipped']}.",
                   f"min_tokens() equal to the 400's stated minimum: {agrees[0]}/{agrees[1]}; streamed tool calls "
                   f"equal to non-streamed: {equal[0]}/{equal[1]}."]
-                 + [f"{k}: skipped ({v})." for k, v in skipped.items()],
+                 + [f"{k}: skipped ({v})." for k, v in skipped.items()]
+                 + (["llama-cpp-python decodes the GGUF's quantized weights with its own kernels (the others: "
+                     "maskd's model object, dequantized), so its greedy text may differ."]
+                    if "llama-cpp-python" in json_engines else []),
         "tables": [{"title": "Outputs under max_tokens = shortest valid output + slack (greedy)",
                     "columns": ["engine", "slack", "n", "valid", "truncated", "invalid", "refused", "budget-closed",
                                 "mean tokens", "s/run"], "rows": rows_out},
