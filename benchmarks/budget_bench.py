@@ -1,5 +1,5 @@
 """Tight max_tokens over MaskBench's BFCL function schemas: the shares of valid, truncated and invalid
-outputs, maskd vs xgrammar and outlines (the `budget` suite of `maskd bench`, server/bench/budget.py,
+outputs, maskd vs the installed peers (xgrammar, outlines, llguidance, llama-cpp-python) (the `budget` suite of `maskd bench`, server/bench/budget.py,
 whose docstring says how each output is judged).
 
     python benchmarks/budget_bench.py [--stride 26] [--limit N] [--slacks 0,5,20] [--stream-all] [--no-peers]
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--slacks", default="0,5,20", help="tokens above the shortest valid output")
     parser.add_argument("--stream-all", action="store_true",
                         help="stream the tools task at every slack (default: at the smallest slack only)")
-    parser.add_argument("--no-peers", action="store_true", help="maskd only (no xgrammar, no outlines)")
+    parser.add_argument("--no-peers", action="store_true", help="maskd only (no peers)")
     parser.add_argument("--free-only", action="store_true",
                         help="only schemas with free-form values ({}, {type: object}, arrays without items: 100 of BFCL)")
     args = parser.parse_args()
