@@ -1,5 +1,6 @@
 """Tight max_tokens over MaskBench's BFCL function schemas: the shares of valid, truncated and invalid
-outputs, maskd vs the installed peers (xgrammar, outlines, llguidance, llama-cpp-python) (the `budget` suite of `maskd bench`, server/bench/budget.py,
+outputs, maskd vs the installed peers, xgrammar, outlines, llguidance and llama-cpp-python (the `budget` suite of
+`maskd bench`, server/bench/budget.py,
 whose docstring says how each output is judged).
 
     python benchmarks/budget_bench.py [--stride 26] [--limit N] [--slacks 0,5,20] [--stream-all] [--no-peers]
