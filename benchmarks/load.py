@@ -269,6 +269,19 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def server_metrics(url: str) -> dict[str, float]:
+    """What the server holds and counted by the end: grammar units and their bytes, the prefix cache's
+    bytes, compile timeouts, and outputs that failed its own validation (withheld)."""
+    wanted = ("maskd_grammar_units", "maskd_grammar_memory_bytes", "maskd_prefix_cache_bytes",
+              "maskd_grammar_compile_timeouts_total", "maskd_output_validation_failures_total")
+    found = {"maskd_output_validation_failures_total": 0.0}  # a labelled counter shows once it counted
+    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in wanted:
+            found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else \
         (values[0] if values else float("nan"))
@@ -335,7 +348,8 @@ def main() -> None:
             "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
         run = asyncio.run(load(url, proc.pid if proc else args.pid, args))
         alive = proc is None or proc.poll() is None
-    result = summary(run)
+        metrics = server_metrics(url) if alive else {}
+    result = {**summary(run), "server_metrics": metrics}
     print(f"\nload: {args.clients} clients + 1 sending pathological schemas, {args.seconds:g} s of new requests, "
           f"{result['wall_s']:.0f} s wall, server {'alive' if alive else 'DEAD'}")
     print(f"  {'kind':26} {'requests':>8} {'ok':>5} {'dropped':>7} {'refused':>7} {'lost':>4} {'p50 s':>6} "
@@ -353,12 +367,15 @@ def main() -> None:
         r = result["rss_mb"]
         print(f"  RSS MiB: server start {r['server_start']:.0f}, peak {r['server_peak']:.0f}; compile workers peak "
               f"{r['workers_peak']:.0f}; together peak {r['total_peak']:.0f}")
+    print("  server metrics at the end: " + ", ".join(f"{k} {v:g}" for k, v in metrics.items()))
     print(f"  load average (1 min) on this machine: mean {result['loadavg']['mean_1min']:.2f}, "
           f"max {result['loadavg']['max_1min']:.2f} ({os.cpu_count()} cores)")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / ("load_quick.json" if args.quick else "load.json")
     out.write_text(json.dumps({"args": vars(args), "server_alive": alive, "cores": os.cpu_count(), **result,
-                               "records": run["records"]}, indent=1))
+                               "records": run["records"],  # (kind, outcome, seconds, monotonic start)
+                               "health_samples": run["health"],  # (monotonic start, seconds)
+                               "rss_samples_mb": run["rss_mb"]}, indent=None))  # (server, workers), 1 a second
     print(f"wrote {out}")
 
 
