@@ -63,7 +63,8 @@ class Plan:
     _masks: dict = field(default_factory=dict)
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
-        """[M, 1, 1, W]: row r sees columns <= its position (and within the window); holes column 0."""
+        """[M, 1, 1, W]: row r sees columns <= its position (and within the window); holes column 0.
+        The same for each of a row's query heads (they are its query positions, see slot_attention)."""
         key = ("decode", window)
         if key not in self._masks:
             columns = torch.arange(self.width, device=self.device)  # [W]
@@ -119,11 +120,15 @@ def slot_attention(module, query, key, value, attention_mask, dropout: float = 0
     q = query[0].transpose(0, 1)  # [N, H, D]
     out = torch.empty_like(q)  # [N, H, D]
     if plan.dec_tokens is not None:
-        rows = q.new_zeros(plan.M, q.shape[1], 1, q.shape[2])  # [M, H, 1, D]
-        rows[plan.dec_rows] = q[plan.dec_tokens].unsqueeze(2)
+        # The query heads that share a KV head become its query positions ([M, Hkv, G, D]), as
+        # transformers' sdpa does for one-token queries: no copy of K/V per query head.
+        kv_heads = key.shape[1]
+        rows = q.new_zeros(plan.M, kv_heads, q.shape[1] // kv_heads, q.shape[2])  # [M, Hkv, G, D]
+        rows[plan.dec_rows] = q[plan.dec_tokens].view(-1, kv_heads, q.shape[1] // kv_heads, q.shape[2])
         span = slice(plan.lo, plan.lo + plan.M)
-        o = _sdpa(rows, key[span, :, :plan.width], value[span, :, :plan.width], plan.decode_mask(window), scaling)
-        out[plan.dec_tokens] = o[plan.dec_rows, :, 0]
+        o = F.scaled_dot_product_attention(rows, key[span, :, :plan.width], value[span, :, :plan.width],
+                                           attn_mask=plan.decode_mask(window), scale=scaling)  # [M, Hkv, G, D]
+        out[plan.dec_tokens] = o[plan.dec_rows].reshape(-1, q.shape[1], q.shape[2])
     for run in plan.runs:
         width = run.start + run.b - run.a
         mask = plan.run_mask(run, window)
