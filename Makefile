@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.maskd-installed
 # Where no NVIDIA GPU is present, install the CPU build of torch first (it lies on these machines'
-# disk); elsewhere pip resolves torch>=2.4 from pyproject.toml as usual.
+# disk); elsewhere pip resolves torch>=2.6 from pyproject.toml as usual.
 CPU_TORCH ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
