@@ -69,7 +69,7 @@ def test_the_compile_worker_answers_the_refusal_with_its_message():
 
 
 def test_the_walk_needs_no_recursion_on_a_deep_schema():
-    from grammars.json_schema import check_ref_cycles
+    from grammars.ref_cycles import check_ref_cycles
 
     schema = leaf = {"type": "object", "properties": {}, "required": ["k"]}
     for _ in range(5000):  # deeper than Python's recursion limit
