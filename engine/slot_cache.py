@@ -93,7 +93,9 @@ class SlotCache:
         self.values: list[torch.Tensor] = []
         self.lengths = [0] * num_slots  # tokens held by each slot
         self.reserved: dict[int, int] = {}  # open slot -> tokens it may hold
-        self._pass: tuple | None = None  # slots, counts, width; [N] each: slot, input row, column, position; read
+        self._pass: tuple | None = None  # slots, counts; [N] each new token's slot and position
+        # the attention mask the model is handed (slot attention makes its own): made once, not per pass
+        self._placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
 
     # ---- sizes and admission ----------------------------------------------------------------
 
@@ -231,7 +233,7 @@ class SlotCache:
             plan.width = max(self.lengths[slot] + c for slot, c in zip(slots[:M], counts[:M]))
         self._pass = (slots, counts, at, positions)
         active(plan)
-        placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
+        placeholder = self._placeholder
         mask = {kind: placeholder for kind in self.layout.by_type} if self.layout.by_type else placeholder
         return {"input_ids": ids.unsqueeze(0), "position_ids": positions.unsqueeze(0), "attention_mask": mask,
                 "logits_to_keep": last}

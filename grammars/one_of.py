@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from grammars.errors import UnsupportedSchemaError
+from grammars.ref_cycles import resolve_pointer
 from grammars.schema_normalizer import map_subschemas
 
 _ALL = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
@@ -166,16 +167,7 @@ class _Proof:
         ref = s.get("$ref")
         if not isinstance(ref, str) or not ref.startswith("#"):
             return True
-        node = self.root
-        for part in filter(None, ref[1:].split("/")):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return True
-        return node
+        return resolve_pointer(self.root, ref, missing=True)
 
     def types(self, s: Any, emitted: bool = False, depth: int = 0) -> frozenset:
         """The JSON types (parts of _ALL) a value valid against s can have, a superset; with

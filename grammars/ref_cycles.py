@@ -27,7 +27,7 @@ def check_ref_cycles(schema: Any) -> None:
         need: list[list[tuple[Any, str]]] = []
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            has_ref, target = True, _resolve(schema, ref)
+            has_ref, target = True, resolve_pointer(schema, ref)
             if isinstance(target, dict):  # unresolved: outlines-core names it; true: any value ends
                 need.append([(target, ref[1:])])
         for key in ("allOf", "anyOf", "oneOf"):
@@ -66,8 +66,8 @@ def check_ref_cycles(schema: Any) -> None:
             raise error
 
 
-def _resolve(root: Any, ref: str) -> Any:
-    """The node a local JSON pointer (``#/a/b``) names, or None."""
+def resolve_pointer(root: Any, ref: str, missing: Any = None) -> Any:
+    """The node a local JSON pointer (``#/a/b``) names, or ``missing``."""
     node = root
     for part in (p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p):
         if isinstance(node, dict) and part in node:
@@ -75,7 +75,7 @@ def _resolve(root: Any, ref: str) -> Any:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return None
+            return missing
     return node
 
 
@@ -106,5 +106,5 @@ def _ref_chain_loops(root: Any, node: dict) -> bool:
         if id(node) in seen:
             return True
         seen.add(id(node))
-        node = _resolve(root, node["$ref"])
+        node = resolve_pointer(root, node["$ref"])
     return False
