@@ -15,12 +15,15 @@ child starts in well under a second.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import pickle
 import select
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 from grammars.errors import CompileTimeout, GrammarError, UnsupportedSchemaError
@@ -115,14 +118,12 @@ class CompileWorker:
         self._proc.stdin.flush()
         self._ready = False
 
-    def build(self, regex: str, timeout_s: float, with_table: bool = False, deadline: float | None = None):
+    def build(self, regex: str, timeout_s: float, with_table: bool = False):
         """Compile ``regex`` in the child; kill it and raise CompileTimeout past the limit.
 
         Returns the Index, or (Index, BudgetTable) with ``with_table`` (grammars/budget.py).
-        ``deadline`` (time.monotonic()): when the limit ends, if it began before this call (the job
-        waited for this worker); by default ``timeout_s`` from now.
         """
-        status, payload = self._run(("index", regex, with_table, *self._table_args), timeout_s, "grammar", deadline)
+        status, payload = self._run(("index", regex, with_table, *self._table_args), timeout_s, "grammar")
         if status != "ok":
             raise GrammarError(
                 f"outlines-core could not build a token index for the regex: {payload}; "
@@ -130,13 +131,12 @@ class CompileWorker:
             )
         return payload
 
-    def schema_regex(self, schema_text: str, ignore_keywords: tuple, free_values: bool, timeout_s: float,
-                     deadline: float | None = None) -> str:
-        """schema_to_regex in the child, under the same limit (and ``deadline``, as in build): a schema
+    def schema_regex(self, schema_text: str, ignore_keywords: tuple, free_values: bool, timeout_s: float) -> str:
+        """schema_to_regex in the child, under the same limit: a schema
         whose expansion explodes (nested oneOf, huge bounds) is killed with the child, never left
         burning a core."""
         status, payload = self._run(("schema", schema_text, tuple(ignore_keywords), free_values), timeout_s,
-                                    "JSON schema into a regex", deadline)
+                                    "JSON schema into a regex")
         if status == "unsupported":
             keyword, path, message = payload
             error = UnsupportedSchemaError(keyword, path)
@@ -146,13 +146,11 @@ class CompileWorker:
             raise GrammarError(payload)
         return payload
 
-    def _run(self, job: tuple, timeout_s: float, what: str, deadline: float | None = None):
-        deadline = time.monotonic() + timeout_s if deadline is None else deadline
+    def _run(self, job: tuple, timeout_s: float, what: str):
+        deadline = time.monotonic() + timeout_s
         self.start()
         fd = self._proc.stdout.fileno()
         try:
-            if time.monotonic() >= deadline:  # spent waiting for this worker: the idle child is kept
-                raise CompileTimeout(timeout_s, what, queued=True)
             if not self._ready:  # a fresh child (one killed by a limit is replaced at once): its start
                 started = time.monotonic()  # has its own limit, and does not count toward the job's
                 _read(fd, started + _STARTUP_TIMEOUT_S)
@@ -185,3 +183,37 @@ class CompileWorker:
             self._proc.stdin.close()
             self._proc.stdout.close()
         self._proc, self._ready = None, False
+
+
+class WorkerTurns:
+    """Hands idle workers to waiting compiles: lowest priority number first, then in order of asking.
+    ``prefer(key)`` moves a waiting compile of that key to the front (a request now waits on it)."""
+
+    def __init__(self, workers: list[CompileWorker]) -> None:
+        self._idle = list(workers)
+        self._waiting: list[list] = []  # heap of [priority, ticket, key]
+        self._tickets = itertools.count()
+        self._turn = threading.Condition()
+
+    def take(self, priority: int, key: str | None = None) -> CompileWorker:
+        with self._turn:
+            entry = [priority, next(self._tickets), key]
+            heapq.heappush(self._waiting, entry)
+            while not (self._idle and self._waiting[0] is entry):
+                self._turn.wait()
+            heapq.heappop(self._waiting)
+            self._turn.notify_all()  # the next in line may find another idle worker
+            return self._idle.pop()
+
+    def give(self, worker: CompileWorker) -> None:
+        with self._turn:
+            self._idle.append(worker)
+            self._turn.notify_all()
+
+    def prefer(self, key: str) -> None:
+        with self._turn:
+            for entry in self._waiting:
+                if entry[2] == key:
+                    entry[0] = -1
+            heapq.heapify(self._waiting)
+            self._turn.notify_all()

@@ -8,10 +8,12 @@ folder of this user's alone (private_dir.py), holds each unit's outlines-core In
 as plain arrays, never a pickle (``<cache_dir>/<key>.unit.npz``, grammars/unit_file.py; a 16 MB
 entry loads in ~0.1 s, 1.3x the pickle it replaced).
 Misses are compiled in a pool of CompileWorker child processes (one per core by default) with a
-time limit per grammar (see there for why a process and not a thread). The limit runs from when the
-caller asked (a deadline taken then and passed down), so time spent queued for a thread, for the
-same key's compile in another request, or for a free worker counts: a job still waiting at its
-deadline is a CompileTimeout, and nothing is cached for it. ``submit_regex`` starts a
+time limit per grammar (see there for why a process and not a thread). The limit is the unit's own
+compile time, from when a worker takes it: a request with many new tools queues its units behind
+each other (and behind other requests'), and a unit must not fail for the time its siblings took
+(25 new tools at ~1 s each on a 262k vocabulary would). The request's deadline (--request-timeout)
+bounds how long its client waits. Workers are handed out by priority, then in order of asking:
+``prefer`` moves a unit a request now waits on ahead of the others. ``submit_regex`` starts a
 compile and returns a future at once, so a request's units compile side by side, and beside its
 prefill; a memory hit is a future already done.
 """
@@ -25,14 +27,13 @@ import json
 import logging
 import os
 import pickle
-import queue
 import threading
 import time
 from collections import OrderedDict
 from typing import Iterable
 
 from grammars.cache_version import UNIT_VERSION
-from grammars.compile_worker import CompileWorker
+from grammars.compile_worker import CompileWorker, WorkerTurns
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
 from grammars.private_dir import owned_file, private_dir
@@ -82,14 +83,13 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Lock] = {}
         blob = pickle.dumps(vocabulary.outlines)
-        self._idle: queue.Queue[CompileWorker] = queue.Queue()
         workers = default_workers() if workers is None else max(1, workers)
         self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(workers)]
         # threads that each wait for an idle worker: compiles queue here, memory hits never do
         self._threads = concurrent.futures.ThreadPoolExecutor(4 * workers, thread_name_prefix="maskd-compile")
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
-            self._idle.put(w)
+        self._pool = WorkerTurns(self._workers)
         if cache_dir and not private_dir(cache_dir):
             self.cache_dir = None
         self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "timeouts": 0, "compile_seconds": 0.0,
@@ -97,24 +97,22 @@ class GrammarCompiler:
 
     # -- public API ---------------------------------------------------------------------
 
-    def compile_regex(self, regex: str, deadline: float | None = None) -> CompiledGrammar:
-        """CompiledGrammar for ``regex`` (cached); raises CompileTimeout past the limit, which ends at
-        ``deadline`` (time.monotonic()) when given, else timeout_s from now."""
-        deadline = self._deadline() if deadline is None else deadline
+    def compile_regex(self, regex: str) -> CompiledGrammar:
+        """CompiledGrammar for ``regex`` (cached); raises CompileTimeout if its compile takes longer
+        than the limit."""
         key = self._key(regex)
         hit = self._memory_get(key)
         if hit is not None:
             return hit
         lock = self._key_lock(key)
-        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):  # another request compiles it
-            self._timed_out(CompileTimeout(self.timeout_s, "grammar", queued=True))
+        lock.acquire()  # another request compiles it: its compile is bounded by the limit
         try:  # one compile per key even under concurrent requests
             hit = self._memory_get(key)
             if hit is not None:
                 return hit
             built = self._disk_get(key)
             if built is None:
-                built = self._build(regex, deadline)
+                built = self._build(regex, key)
                 self._disk_put(key, built)
             else:
                 self.stats["disk_hits"] += 1
@@ -140,10 +138,12 @@ class GrammarCompiler:
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_result(hit)
             return future
-        return self._threads.submit(self.compile_regex, regex, self._deadline())
+        return self._threads.submit(self.compile_regex, regex)
 
-    def _deadline(self) -> float:
-        return time.monotonic() + self.timeout_s
+    def prefer(self, regex: str) -> None:
+        """Serve the compile of ``regex``, if it waits for a worker, before the others waiting (a
+        request now needs it to go on)."""
+        self._pool.prefer(self._key(regex))
 
     def _key(self, regex: str) -> str:
         return hashlib.sha256(f"{CACHE_VERSION}\0{self.vocabulary.fingerprint}\0{regex}".encode()).hexdigest()
@@ -152,12 +152,9 @@ class GrammarCompiler:
         """CompiledGrammar for a JSON schema (compact whitespace, see json_schema.py)."""
         return self.compile_regex(self.schema_regex(schema, self.ignore_keywords, self.free_values))
 
-    def schema_regex(self, schema: dict | str, ignore_keywords: Iterable[str] = (), free_values: bool = True,
-                     deadline: float | None = None) -> str:
-        """schema_to_regex(schema), cached, run in a worker process under the time limit (ending at
-        ``deadline`` when given): turning a schema into a regex can explode too (nested oneOf), and a
-        thread could not be stopped."""
-        deadline = self._deadline() if deadline is None else deadline
+    def schema_regex(self, schema: dict | str, ignore_keywords: Iterable[str] = (), free_values: bool = True) -> str:
+        """schema_to_regex(schema), cached, run in a worker process under the time limit: turning a
+        schema into a regex can explode too (nested oneOf), and a thread could not be stopped."""
         text = schema if isinstance(schema, str) else json.dumps(schema)  # key order kept: it orders properties
         key = (text, tuple(sorted(ignore_keywords)), free_values)
         with self._lock:
@@ -165,14 +162,14 @@ class GrammarCompiler:
             if regex is not None:
                 self._schema_regex.move_to_end(key)
                 return regex
-        worker = self._take_worker(deadline, "JSON schema into a regex")
+        worker = self._pool.take(priority=0)  # a request waits on it before anything else
         try:
-            regex = worker.schema_regex(text, key[1], free_values, self.timeout_s, deadline)
+            regex = worker.schema_regex(text, key[1], free_values, self.timeout_s)
         except CompileTimeout as e:
             self._timed_out(e)
         finally:
             worker.start()  # respawn at once if the limit killed it
-            self._idle.put(worker)
+            self._pool.give(worker)
         with self._lock:
             self._schema_regex[key] = regex
             while len(self._schema_regex) > self.lru_size:
@@ -182,7 +179,7 @@ class GrammarCompiler:
     async def schema_regex_async(self, schema: dict | str, ignore_keywords: Iterable[str] = (),
                                  free_values: bool = True) -> str:
         return await asyncio.wrap_future(self._threads.submit(self.schema_regex, schema, ignore_keywords,
-                                                              free_values, self._deadline()))
+                                                              free_values))
 
     def json_automaton(self):
         """The vocabulary's JSON-value automaton (grammars/json_value.py): built, or read from the
@@ -203,7 +200,7 @@ class GrammarCompiler:
         return JsonValueMatcher(self.json_automaton(), top="object")
 
     async def compile_regex_async(self, regex: str) -> CompiledGrammar:
-        return await asyncio.to_thread(self.compile_regex, regex, self._deadline())
+        return await asyncio.to_thread(self.compile_regex, regex)
 
     async def compile_json_schema_async(self, schema: dict | str) -> CompiledGrammar:
         return await asyncio.to_thread(self.compile_json_schema, schema)
@@ -223,27 +220,18 @@ class GrammarCompiler:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _build(self, regex: str, deadline: float):
-        worker = self._take_worker(deadline, "grammar")
+    def _build(self, regex: str, key: str):
+        worker = self._pool.take(priority=1, key=key)
         started = time.perf_counter()
         try:
             self.stats["compiles"] += 1
-            return worker.build(regex, self.timeout_s, with_table=True, deadline=deadline)
+            return worker.build(regex, self.timeout_s, with_table=True)
         except CompileTimeout as e:
             self._timed_out(e)
         finally:
             self.stats["compile_seconds"] += time.perf_counter() - started
             worker.start()  # respawn at once if the compile killed it
-            self._idle.put(worker)
-
-    def _take_worker(self, deadline: float, what: str) -> CompileWorker:
-        """An idle worker, waiting for one at most until the deadline (then CompileTimeout)."""
-        try:
-            if time.monotonic() >= deadline:  # spent queued for a thread or for this key's lock
-                raise queue.Empty
-            return self._idle.get(timeout=deadline - time.monotonic())
-        except queue.Empty:
-            self._timed_out(CompileTimeout(self.timeout_s, what, queued=True))
+            self._pool.give(worker)
 
     def _timed_out(self, error: CompileTimeout):
         self.stats["timeouts"] += 1

@@ -33,22 +33,13 @@ class UnsupportedSchemaError(GrammarError):
 
 
 class CompileTimeout(GrammarError):
-    """Compiling a grammar took longer than the compiler's time limit (which runs from the moment the
-    compile was asked for, so waiting for a free compile worker counts). ``queued``: the limit passed
-    before any worker took the job (the others were busy)."""
+    """Compiling a grammar took longer than the compiler's time limit (the compile's own time, from
+    when a worker took it; waiting for a free worker does not count)."""
 
-    def __init__(self, limit_s: float, what: str = "grammar", queued: bool = False) -> None:
-        self.limit_s, self.queued = limit_s, queued
-        if queued:
-            super().__init__(
-                f"compiling the {what} did not start within the {limit_s:g} s limit: it waited for compile "
-                f"workers busy with other schemas; retry, add workers (the server's --grammar-workers), or "
-                f"raise the limit with GrammarCompiler(timeout_s=...) / the server's --grammar-timeout flag."
-            )
-            return
+    def __init__(self, limit_s: float, what: str = "grammar") -> None:
+        self.limit_s = limit_s
         super().__init__(
-            f"compiling the {what} took longer than the {limit_s:g} s limit (waiting for a free compile "
-            f"worker included); simplify the "
+            f"compiling the {what} took longer than the {limit_s:g} s limit; simplify the "
             f"schema (fewer alternatives, smaller bounds on minItems/maxItems/minLength/"
             f"maxLength, simpler patterns) or raise the limit with "
             f"GrammarCompiler(timeout_s=...) / the server's --grammar-timeout flag."

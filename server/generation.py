@@ -187,7 +187,13 @@ async def start(state: ServerState, prepared: Prepared) -> list:
     try:
         for request in prepared.requests:
             generated.append(state.engine.generate(request))  # a full queue is a 429 here
-        await prepared.settle()
+        try:
+            async with asyncio.timeout_at(prepared.deadline):  # units queued behind many compiles
+                await prepared.settle()
+        except TimeoutError:
+            raise APIError(f"the request's tool grammars were still compiling at this server's limit of "
+                           f"{state.request_timeout:g} s (--request-timeout); retry later (compiled units "
+                           "are kept) or add --grammar-workers", status=504, code="timeout") from None
     except BaseException:
         for request in prepared.requests:
             state.engine.cancel(request.request_id)
