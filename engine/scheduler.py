@@ -26,6 +26,9 @@ Where a request is, from submission to its end:
 - settle: after sampling, the newcomer joins the rows (its KV is already in its slot).
 - parked: a request whose constraint is not ready (its grammar units still compile) is prefilled up
   to its last chunk and set aside in its slot; once ready it prefills again, before any newcomer. Its first token thus waits for its grammar, and no one else does.
+- held: a row whose constraint is not ready mid-output (a name stage wrote its tool's literal and
+  that unit still compiles, grammars/name_stage.py) keeps its slot and its pending tokens, and is
+  left out of the passes until it is ready; the others go on.
 - release (finish, cancel, error): the row's prompt + output KV enters the prefix cache, its lock
   is dropped and its slot is free for the next admission; no other row moves.
 """
@@ -83,7 +86,7 @@ class Scheduler:
     def has_work(self) -> bool:
         """Whether a forward pass would do something (parked requests alone wait for their grammar)."""
         room = self.waiting and self.slots.admissible(self._reservation(self.waiting[0]))
-        return bool(self.rows or self.prefilling or self.joining or room or any(_ready(s) for s in self.parked))
+        return bool(self.prefilling or self.joining or room or any(_ready(s) for s in self.rows + self.parked))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -109,7 +112,7 @@ class Scheduler:
         side by side in one packed pass; returns the rows that get a token and their logits [B, V]."""
         self._take_new()
         fed = self._prompt_chunks()
-        lo, run = self._decode_feeds() if self.rows else (0, [])
+        lo, run = self._decode_feeds()
         if not fed and not run:
             return [], None
         slots = list(range(lo, lo + len(run))) + [seq.slot for seq, _ in fed]
@@ -177,12 +180,16 @@ class Scheduler:
         return fed
 
     def _decode_feeds(self) -> tuple[int, list[list[int]]]:
-        """The rows' feeds over the run of their slots [lo, hi): each row's pending tokens (all of
-        them when it extends, else one); [] for slots in the run that are not rows."""
-        lo = min(seq.slot for seq in self.rows)
-        hi = max(seq.slot for seq in self.rows) + 1
+        """The ready rows' feeds over the run of their slots [lo, hi): each row's pending tokens (all
+        of them when it extends, else one); [] for slots in the run that are not fed (held rows keep
+        their pending tokens, so they are not sampled either)."""
+        rows = [seq for seq in self.rows if _ready(seq)]
+        if not rows:
+            return 0, []
+        lo = min(seq.slot for seq in rows)
+        hi = max(seq.slot for seq in rows) + 1
         feeds: list[list[int]] = [[] for _ in range(hi - lo)]
-        for seq in self.rows:
+        for seq in rows:
             n = len(seq.next_input) if self.extend and seq.params.forced_extend else 1
             feeds[seq.slot - lo] = seq.next_input[:n]
             del seq.next_input[:n]

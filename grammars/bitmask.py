@@ -10,6 +10,7 @@ buffers are cached per (device, dtype, batch, width): no allocation per decoding
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _SCRATCH: dict[tuple, "_Scratch"] = {}
@@ -18,6 +19,13 @@ _SCRATCH: dict[tuple, "_Scratch"] = {}
 def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     """int32 [batch, ceil(vocab_size/32)], all tokens allowed (-1 = all bits set)."""
     return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def set_token_bits(row: torch.Tensor, token_ids) -> None:
+    """Sets the bits of ``token_ids`` in a packed CPU row (int32 [W]; bit 31 is the sign bit)."""
+    ids = np.fromiter(token_ids, dtype=np.int64)
+    bits = (np.ones(len(ids), dtype=np.uint32) << (ids & 31).astype(np.uint32)).view(np.int32)
+    np.bitwise_or.at(row.numpy(), ids >> 5, bits)
 
 
 def fill_next_token_bitmasks(pairs, bitmask: torch.Tensor, budgets=None) -> None:

@@ -8,7 +8,10 @@ is_terminated / rollback.
 
 The units may still be compiling when the request starts: the constraint is made with its
 delimiters and `attach(units)` gives it the compiled units later; until then `ready()` is false and
-the engine holds the request back before its first token (the prompt is prefilled meanwhile).
+the engine holds the request back before its first token (the prompt is prefilled meanwhile). With
+a name stage (`attach_stage`, grammars/name_stage.py) a block starts before its units are compiled:
+the tool's literal opening is written meanwhile, and only a row whose chosen tool's unit is not
+compiled yet is held, where its literal ends.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class ToolCallConstraint:
         self._bare_start = bare_object_at_start and not required
         self._units: UnitUnion | None = None
         self._later: UnitUnion | None = None
+        self._stage = None  # grammars/name_stage.NameStage: blocks begin before the units are compiled
         self._matcher = None
         self._history: list[tuple] = []
         self._eos_seen = False
@@ -68,9 +72,28 @@ class ToolCallConstraint:
             self._matcher = units.matcher()
         self._units = units  # last: ready() reads it from the engine thread
 
+    def attach_stage(self, stage, budget: int | None, room: int) -> bool:
+        """Lets blocks begin in ``stage`` while the units compile, where every tool surely closes
+        within the budget (else False: wait for the units, whose exact minimum the budget is checked
+        against)."""
+        tail = self._tail()
+        need = len(self.tokens.open) + stage.most_tokens() + tail
+        if (budget is not None and budget < need) or room < need or self._phase == TEXT:
+            return False
+        self._call_min = self._next_min = stage.fewest_tokens() + tail  # attach() makes them exact
+        self._stage = stage
+        if self._phase == CALL and self._matcher is None:
+            self._matcher = stage.matcher()
+        return True
+
     def ready(self) -> bool:
-        """Whether the units are attached (before that, no token may be asked for)."""
-        return self._units is not None
+        """Whether a token may be asked for: the units are attached, or a name stage lets the block go
+        on (grammars/name_stage.py)."""
+        if self._units is not None:
+            return True
+        if self._stage is None:
+            return False
+        return self._phase != CALL or self._matcher.ready()
 
     # -- state ----------------------------------------------------------------------------------
     def _snapshot(self) -> tuple:
@@ -91,7 +114,10 @@ class ToolCallConstraint:
     def _enter(self, phase: str) -> None:
         if phase == CALL:
             units = self._units if self.calls_opened == 0 else self._later
-            self._matcher = units.matcher() if units is not None else None  # attach() makes it
+            if units is not None:
+                self._matcher = units.matcher()
+            else:  # attach() makes it, unless a name stage begins the block now
+                self._matcher = self._stage.matcher() if self._stage is not None else None
             self.calls_opened += 1
         self._phase = phase
 

@@ -61,6 +61,8 @@ class Prepared:
     fields: Fields = field(default_factory=Fields)
     check: OutputCheck = field(default_factory=OutputCheck)  # validates outputs before they leave
     deadline: float | None = None  # event-loop time past which the request is cancelled (--request-timeout)
+    failure: APIError | None = None  # a tool's unit failed while the request ran ahead of its units
+    _watchers: list = field(default_factory=list)
 
     @property
     def request(self) -> Request:
@@ -70,13 +72,28 @@ class Prepared:
     def constrained(self) -> bool:
         return self.requests[0].constraint is not None
 
-    async def settle(self) -> None:
+    async def settle(self, cancel) -> None:
         """Waits for the tool units (attaching them to each constraint) and checks the budget against
-        the shortest valid output; raises APIError (a 400) where either fails."""
+        the shortest valid output; raises APIError (a 400) where either fails. A request that may
+        begin its calls before its units are compiled (a name stage) is not waited for: its units
+        are awaited beside it, and one that fails sets ``failure`` and cancels it (``cancel(id)``)."""
         for pending, request in zip(self.pending, self.requests):
+            if pending.name_first(self.budget, self.room):
+                self._watch(pending, request.request_id, cancel)
+                continue
             await pending.wait()
             check_budget(request.constraint, self.budget, self.room, self.fields)
         self.pending = []
+
+    def _watch(self, pending: PendingTools, request_id: int, cancel) -> None:
+        def done(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                error = task.exception()
+                self.failure = error if isinstance(error, APIError) else APIError(str(error), status=500)
+                cancel(request_id)
+        task = asyncio.ensure_future(pending.wait())
+        task.add_done_callback(done)
+        self._watchers.append(task)
 
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(starts_inside=self.thinking_open)
@@ -189,7 +206,7 @@ async def start(state: ServerState, prepared: Prepared) -> list:
             generated.append(state.engine.generate(request))  # a full queue is a 429 here
         try:
             async with asyncio.timeout_at(prepared.deadline):  # units queued behind many compiles
-                await prepared.settle()
+                await prepared.settle(state.engine.cancel)
         except TimeoutError:
             raise APIError(f"the request's tool grammars were still compiling at this server's limit of "
                            f"{state.request_timeout:g} s (--request-timeout); retry later (compiled units "

@@ -42,10 +42,14 @@ class Finish:
     stop_string: str | None = None  # the stop sequence that ended the output
     error: str | None = None
     timed_out: bool = False  # the error is the request's deadline (--request-timeout), not a failure
+    api_error: APIError | None = None  # the error to answer with as it is (a tool's unit failed: a 400)
 
 
 def failure(finish: Finish) -> APIError:
-    """What a request that ended in an error is answered with: a 504 past its deadline, else a 500."""
+    """What a request that ended in an error is answered with: its own APIError, a 504 past its
+    deadline, else a 500."""
+    if finish.api_error is not None:
+        return finish.api_error
     if finish.timed_out:
         return APIError(finish.error, status=504, type="timeout_error", code="request_timeout")
     return APIError(f"generation failed: {finish.error}", status=500, type="server_error")
@@ -81,6 +85,10 @@ async def steps(state: ServerState, prepared: Prepared, events, row: int = 0) ->
                 return
             counts = (event.prompt_tokens, event.completion_tokens, event.cached_tokens)
             final = event.finish_reason is not None
+            if prepared.failure is not None and (not final or event.finish_reason == "cancelled"):
+                error = prepared.failure  # a tool's unit failed while the request ran ahead of its units
+                yield Step([], [], None, Finish("error", *counts, error=error.message, api_error=error))
+                return
             reasoning, answer = splitter.feed(event.text, final=final)
             parts: list[Part] = [Reasoning(reasoning)] if reasoning else []
             if parser is None:

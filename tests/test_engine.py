@@ -238,3 +238,59 @@ def test_a_request_waits_for_its_grammar_units_and_no_one_else_does(tiny_model, 
     text = "".join(e.text for e in constrained)
     assert constrained[-1].finish_reason == "stop" and constrained[-1].completion_tokens > 3
     assert json.loads(text.split("\n")[1])["name"] == "add", text
+
+
+def test_a_row_whose_chosen_tools_unit_still_compiles_is_held_and_no_one_else_is(tiny_model, smollm_tokenizer):
+    """Name first: a required call over two tools starts before their units are compiled; the row
+    writes its tool's literal and is held where it ends (in the batch, not fed) while a plain request
+    submitted later decodes to its end; once the units are compiled it writes a valid call."""
+    import concurrent.futures
+
+    from engine.constraint_hook import ConstraintMasker
+    from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
+    from grammars.name_stage import name_stage
+    from grammars.tool_constraint import ToolCallConstraint, tool_tokens
+    from grammars.tool_grammar import tool_grammar
+
+    vocab = TokenVocabulary.from_tokenizer(smollm_tokenizer, VOCAB, extra_eos_token_ids=(2,))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": name, "parameters": schema}} for name in ("add", "mul")]
+    grammar = tool_grammar("hermes", tools, schema_to_regex, parallel=False)
+    futures = [concurrent.futures.Future() for _ in grammar.units]
+    preferred = []
+    stage = name_stage(vocab, list(grammar.units), futures, preferred.append)
+    constraint = ToolCallConstraint(tool_tokens(smollm_tokenizer, grammar.open, grammar.close, None), True, vocab)
+    assert constraint.attach_stage(stage, budget=80, room=400)
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512,
+                 logits_hooks=[ConstraintMasker(VOCAB, 8)])
+    eng.start()
+
+    def held() -> bool:
+        return any(s.constraint is constraint for s in eng.scheduler.rows) and not constraint.ready()
+
+    try:
+        with GrammarCompiler(vocab, timeout_s=60) as compiler:
+            async def scenario():
+                async def collect(request):
+                    return [e async for e in eng.generate(request)]
+                waiting = asyncio.create_task(collect(Request(
+                    prompt_ids=prompt(smollm_tokenizer, "Add:"), constraint=constraint,
+                    params=SamplingParams(max_tokens=80, temperature=0))))
+                while not await asyncio.wrap_future(eng.call(held)):
+                    assert not waiting.done()
+                    await asyncio.sleep(0.05)
+                free = await collect(Request(prompt_ids=prompt(smollm_tokenizer),
+                                             params=SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)))
+                still_held = await asyncio.wrap_future(eng.call(held))
+                for future, regex in zip(futures, grammar.units):
+                    future.set_result(compiler.compile_regex(regex))
+                eng.wake()
+                return free, still_held, await waiting
+            free, still_held, constrained = asyncio.run(scenario())
+    finally:
+        eng.shutdown()
+    assert free[-1].finish_reason == "length" and still_held and len(preferred) == 1
+    text = "".join(e.text for e in constrained)
+    call = json.loads(text.split("\n")[1])
+    assert constrained[-1].finish_reason == "stop" and call["name"] in ("add", "mul") and isinstance(call["arguments"]["a"], int)
+    assert grammar.units[("add", "mul").index(call["name"])] == preferred[0]

@@ -1,0 +1,221 @@
+"""Name first: a call's opening text is written while its tools' units still compile.
+
+Every tool's unit starts with a literal: `\\n{"name": "get_weather", "arguments": {"city":"`. The model
+chooses the tool in the first few tokens of that literal, so a request with many new tools need not
+wait for all of their units: `NameFirstMatcher` allows exactly the tokens that keep the output a
+prefix of some tool's literal (no compile needed, the literals are text) and, as soon as the units
+of every tool still possible are compiled, replays its tokens into their union
+(grammars/unit_union.py) and hands over. Where the literal of the chosen tool is written out and its
+unit is not compiled yet, `ready()` is False: the engine holds that row (engine/scheduler.py) and
+`prefer` moves that unit's compile ahead of the others'.
+
+Budgets stay exact in what they promise: `bounds[k]` is a number of tokens that surely closes the
+unit after k bytes of its literal (a shortest text of its regex, split into the fewest vocabulary
+tokens), and a token is allowed only where some tool can still close within the budget that way.
+A request whose budget might not cover every tool's bound does not use this stage at all (the
+server waits for the units, server/tool_calls.py). Tokens that cross from the literal into the
+arguments (`": {"` past the literal's end) wait for the unit; the unit allows them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+
+import torch
+
+from grammars.bitmask import set_token_bits
+from grammars.errors import GrammarError
+from grammars.free_values import HOLE
+from grammars.regex_text import leading_literal, shortest_text
+from grammars.unit_union import UnitUnion
+
+UNBOUNDED = 1 << 30  # a unit whose shortest text cannot be written in tokens of this vocabulary
+
+
+class NameStage:
+    """The literals and bounds of one request's units (a block's choice of tool), and their futures."""
+
+    def __init__(self, vocabulary, literals: list[bytes], bounds: list[list[int]], regexes: list[str],
+                 futures: list[concurrent.futures.Future], prefer: Callable[[str], None]):
+        self.vocabulary = vocabulary
+        self.literals, self.bounds, self.regexes, self.futures = literals, bounds, regexes, futures
+        self.prefer = prefer
+        self.pieces = _pieces(vocabulary)
+        self.longest = max(map(len, self.pieces))
+
+    def most_tokens(self) -> int:
+        """Tokens that surely close a block, whichever tool it calls."""
+        return max(b[0] for b in self.bounds)
+
+    def fewest_tokens(self) -> int:
+        """A bound on the shortest block: the tokens that surely close the cheapest tool's."""
+        return min(b[0] for b in self.bounds)
+
+    def matcher(self) -> "NameFirstMatcher":
+        return NameFirstMatcher(self)
+
+
+def name_stage(vocabulary, regexes: list[str], futures: list, prefer: Callable[[str], None]) -> NameStage | None:
+    """The stage of these units, or None where it cannot tell the tools apart by their literals (a
+    format whose call opens with a choice, as mistral's ` ?[`) or a regex is unreadable."""
+    literals, bounds = [], []
+    for regex in regexes:
+        literal, shortest = leading_literal(regex), shortest_text(regex)
+        if not literal or shortest is None:
+            return None
+        literals.append(literal.encode())
+        bounds.append(_bounds(shortest.encode(), len(literals[-1]), _pieces(vocabulary)))
+    for i, a in enumerate(literals):  # a literal that is a prefix of another's: no tool is ever chosen
+        if any(i != j and b.startswith(a) for j, b in enumerate(literals)):
+            return None
+    return NameStage(vocabulary, literals, bounds, regexes, futures, prefer)
+
+
+_PIECES: dict[str, dict[bytes, tuple[int, ...]]] = {}
+
+
+def _pieces(vocabulary) -> dict[bytes, tuple[int, ...]]:
+    """Token text -> the text tokens spelling it (built once per vocabulary)."""
+    pieces = _PIECES.get(vocabulary.fingerprint)
+    if pieces is None:
+        grouped: dict[bytes, list[int]] = {}
+        for token, piece in vocabulary.token_bytes.items():
+            if token < vocabulary.size:
+                grouped.setdefault(piece, []).append(token)
+        pieces = _PIECES[vocabulary.fingerprint] = {p: tuple(ids) for p, ids in grouped.items()}
+    return pieces
+
+
+def _bounds(text: bytes, upto: int, pieces: dict[bytes, tuple[int, ...]]) -> list[int]:
+    """For k <= upto: the fewest vocabulary tokens spelling text[k:] (a free value's HOLE byte is one
+    token: the JSON-value automaton writes `0`)."""
+    longest = max(map(len, pieces))
+    best = [UNBOUNDED] * len(text) + [0]
+    for k in range(len(text) - 1, -1, -1):
+        if text[k] == ord(HOLE):
+            best[k] = best[k + 1] + 1
+            continue
+        for n in range(1, min(longest, len(text) - k) + 1):
+            if text[k + n - 1] == ord(HOLE):
+                break
+            if text[k:k + n] in pieces and best[k + n] + 1 < best[k]:
+                best[k] = best[k + n] + 1
+    return best[:upto + 1]
+
+
+class NameFirstMatcher:
+    """Per block: the literals' prefix written so far; then the live units' union (the Matcher interface)."""
+
+    def __init__(self, stage: NameStage):
+        self.stage = stage
+        self._done = 0  # literal bytes written
+        self._live = tuple(range(len(stage.literals)))
+        self._tokens: list[int] = []
+        self._history: list[tuple[int, tuple[int, ...]]] = []
+        self._union = None  # the UnionMatcher handed over to
+        self._preferred: set[int] = set()
+        self._budget_forced = False
+
+    # -- handing over ----------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """Whether a token may be asked for: the units took over, or a literal goes on."""
+        if self._hand_over():
+            return True
+        if any(len(self.stage.literals[i]) > self._done for i in self._live):
+            return True
+        self._prefer()
+        return False
+
+    def _hand_over(self) -> bool:
+        if self._union is not None:
+            return True
+        futures = [self.stage.futures[i] for i in self._live]
+        if len(self._live) == 1:  # the tool is chosen: its unit goes first
+            self._prefer()
+        if not all(f.done() and f.exception() is None for f in futures):
+            return False
+        union = UnitUnion([f.result() for f in futures]).matcher()
+        for token in self._tokens:
+            union.advance(token)
+        self._union = union
+        return True
+
+    def _prefer(self) -> None:
+        for i in self._live:
+            if i not in self._preferred and not self.stage.futures[i].done():
+                self._preferred.add(i)
+                self.stage.prefer(self.stage.regexes[i])
+
+    # -- the Matcher interface -------------------------------------------------------------------
+    @property
+    def budget_forced(self) -> bool:
+        return self._budget_forced or (self._union is not None and self._union.budget_forced)
+
+    def fill(self, row: torch.Tensor, budget: int | None = None) -> None:
+        """row: int32 [W]; ``budget``: tokens left for the block, this one included."""
+        if self._hand_over():
+            self._union.fill(row, budget)
+            return
+        row.zero_()
+        set_token_bits(row, self._allowed(budget))
+
+    def sparse_mask(self, budget: int | None = None):
+        return self._union.sparse_mask(budget) if self._hand_over() else None
+
+    def _allowed(self, budget: int | None) -> set[int]:
+        left = None if budget is None else budget - 1
+        allowed: set[int] = set()
+        for i in self._live:
+            literal, bound = self.stage.literals[i], self.stage.bounds[i]
+            for end in range(self._done + 1, min(len(literal), self._done + self.stage.longest) + 1):
+                ids = self.stage.pieces.get(literal[self._done:end])
+                if ids is None:
+                    continue
+                if left is not None and bound[end] > left:
+                    self._budget_forced = True
+                    continue
+                allowed.update(ids)
+        return allowed
+
+    def advance(self, token_id: int) -> None:
+        if self._union is not None:
+            self._union.advance(token_id)
+            return
+        piece = self.stage.vocabulary.token_bytes.get(token_id, b"")
+        end = self._done + len(piece)
+        live = tuple(i for i in self._live if piece and self.stage.literals[i][self._done:end] == piece
+                     and len(self.stage.literals[i]) >= end)
+        if not live:
+            raise GrammarError(f"token {token_id} starts no tool's call here; apply the bitmask before sampling")
+        self._history.append((self._done, self._live))
+        self._tokens.append(token_id)
+        self._done, self._live = end, live
+
+    def rollback(self, n: int) -> None:
+        if self._union is not None:
+            self._union.rollback(n)
+            return
+        if n < 0 or n > len(self._history):
+            raise GrammarError(f"cannot roll back {n} tokens: only {len(self._history)} were consumed")
+        for _ in range(n):
+            self._done, self._live = self._history.pop()
+            self._tokens.pop()
+
+    def forced(self) -> list[int]:
+        return self._union.forced() if self._union is not None else []  # the engine's ForcedText walks literals
+
+    def min_tokens(self) -> int:
+        if self._union is not None:
+            return self._union.min_tokens()
+        return min(self.stage.bounds[i][self._done] for i in self._live)
+
+    def finished(self) -> bool:
+        return self._union is not None and self._union.finished()
+
+    def closed(self) -> bool:
+        return self.finished()
+
+    def is_terminated(self) -> bool:
+        return self._union is not None and self._union.is_terminated()
+
