@@ -41,19 +41,7 @@ typedef struct {
     int32_t *sp_ids;     /* [n_sparse] ascending token ids */
 } index_table_t;
 
-typedef struct { const uint8_t *p, *end; int err; } reader_t;
-
-static uint64_t rd(reader_t *r) {
-    if (r->p >= r->end) { r->err = 1; return 0; }
-    uint8_t b = *r->p++;
-    if (b < 251) return b;
-    int n = b == 251 ? 2 : b == 252 ? 4 : b == 253 ? 8 : 0;
-    if (n == 0 || r->p + n > r->end) { r->err = 1; return 0; }
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v |= (uint64_t)r->p[i] << (8 * i);
-    r->p += n;
-    return v;
-}
+#include "_varint.h"
 
 void index_table_free(index_table_t *t) {
     free(t->keys); free(t->dist); free(t->far); free(t->mode); free(t->odd_off); free(t->odd_tok); free(t->odd_dist);

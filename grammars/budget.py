@@ -26,16 +26,12 @@ slowly.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import subprocess
-import sys
 from collections import Counter, deque
 
 import numpy as np
 
-from grammars.private_dir import owned_file, private_dir
+from grammars import native
 
 log = logging.getLogger("maskd.grammars")
 
@@ -46,8 +42,6 @@ ALLOWED_MAX = 4096  # longest allowed-id list kept (32 KB of int64; apply ~17 us
 DISALLOWED_MAX = 8192  # longest disallowed-id list kept (64 KB; apply ~16 us)
 SPARSE_IDS_CAP = 16 << 20  # int32 ids kept per grammar at most (64 MB); above: no precomputed forms
 NONE, ALLOWED, BANNED = 0, 1, 2  # sparse kinds
-
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_index_table.c")
 
 
 class BudgetTable:
@@ -235,44 +229,18 @@ def _copy(pointer, n: int, dtype) -> np.ndarray:
     return np.ctypeslib.as_array(pointer, shape=(n,)).astype(dtype, copy=True)
 
 
-_LIBRARY: list = []  # [] not tried yet; [None] unavailable; [CDLL]
+_DECLARED: list = []
 
 
 def _library():
-    if not _LIBRARY:
-        _LIBRARY.append(_load())
-    return _LIBRARY[0]
-
-
-def _load():
-    """Compile _index_table.c once per source version into the cache dir, then load it."""
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    # Only a folder of this user's alone: never the shared temporary folder, where anyone could
-    # plant a library to be loaded into the server.
-    for folder in (os.environ.get("MASKD_CACHE_DIR") or os.path.expanduser("~/.cache/maskd"),):
-        path = os.path.join(folder, f"index_table-{digest}-{sys.platform}.so")
-        if not private_dir(folder):
-            continue
-        try:
-            if not owned_file(path):
-                if os.path.lexists(path):
-                    os.remove(path)  # not ours: rebuilt rather than loaded
-                tmp = f"{path}.{os.getpid()}.tmp"
-                compiler = os.environ.get("CC", "cc")
-                subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", tmp, _SOURCE], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(tmp, path)
-            library = ctypes.CDLL(path)
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.warning("could not build %s in %s (%s)", os.path.basename(_SOURCE), folder, exc)
-            continue
+    """The C library with index_table declared, or None (grammars/native.py)."""
+    library = native.library()
+    if library is not None and not _DECLARED:
         library.index_table.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int32),
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                         ctypes.POINTER(_Table)]
         library.index_table.restype = ctypes.c_int
         library.index_table_free.argtypes = [ctypes.POINTER(_Table)]
         library.index_table_free.restype = None
-        return library
-    log.warning("no C compiler: budget tables are built through get_transitions() (slow on big grammars)")
-    return None
+        _DECLARED.append(True)
+    return library

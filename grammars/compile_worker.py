@@ -67,8 +67,13 @@ def serve() -> None:  # runs in the child
     inp = sys.stdin.buffer.fileno()
     vocabulary = _read(inp, None)
     from grammars.budget import _library, build_budget_table
+    from grammars.token_index import TokenTrie
 
-    _library()  # numpy and the C table routine (compiled on first use) load before "ready"
+    _library()  # numpy and the C routines (compiled on first use) load before "ready"
+    trie = None
+    if isinstance(vocabulary, tuple):  # (outlines-core Vocabulary, token id -> bytes): indexes by trie walk
+        vocabulary, token_bytes = vocabulary
+        trie = TokenTrie(token_bytes, vocabulary.get_eos_token_id(), len(vocabulary))
     _write(out, ("ready", None))
     from grammars.errors import UnsupportedSchemaError
     from grammars.json_schema import schema_to_regex
@@ -83,7 +88,9 @@ def serve() -> None:  # runs in the child
                 _write(out, ("ok", schema_to_regex(job[1], ignore_keywords=job[2], free_values=job[3])))
                 continue
             _, regex, with_table, vocab_size, eos_ids = job
-            index = outlines_core.Index(regex, vocabulary)
+            index = trie.index(regex) if trie is not None else None
+            if index is None:  # no C library, or the regex holds the trie walk's sentinel byte
+                index = outlines_core.Index(regex, vocabulary)
             if with_table:
                 index = (index, build_budget_table(index, vocab_size, eos_ids))
             _write(out, ("ok", index))
@@ -97,6 +104,10 @@ def serve() -> None:  # runs in the child
 
 class CompileWorker:
     """One child process holding the vocabulary; ``build(regex, timeout_s)`` -> Index.
+
+    ``vocabulary_blob``: a pickled outlines-core Vocabulary, or (Vocabulary, token id -> bytes), with
+    which the child builds indexes by walking a token trie (grammars/token_index.py), not outlines-core's
+    walk of every token from every state.
 
     ``vocab_size`` (logits width) and ``eos_ids``: budget tables also hold each state's sparse mask.
     """

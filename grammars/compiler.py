@@ -82,7 +82,7 @@ class GrammarCompiler:
         self._schema_regex: OrderedDict[tuple, str] = OrderedDict()  # (schema, ignored, free values) -> regex
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Lock] = {}
-        blob = pickle.dumps(vocabulary.outlines)
+        blob = pickle.dumps((vocabulary.outlines, vocabulary.token_bytes))  # workers index by trie walk
         workers = default_workers() if workers is None else max(1, workers)
         self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(workers)]
         # threads that each wait for an idle worker: compiles queue here, memory hits never do

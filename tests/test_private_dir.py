@@ -42,43 +42,33 @@ def test_a_compiler_with_a_shared_cache_folder_keeps_nothing_on_disk(tmp_path):
         compiler.close()
 
 
-def _library_name() -> str:
-    """The file name grammars/budget.py builds its C library under."""
-    import hashlib
-    import sys
-
-    from grammars import budget
-    with open(budget._SOURCE, "rb") as f:
-        return f"index_table-{hashlib.sha256(f.read()).hexdigest()[:16]}-{sys.platform}.so"
-
-
 def test_the_index_table_library_is_never_built_in_a_shared_or_temporary_folder(tmp_path, monkeypatch):
     import tempfile
 
-    from grammars import budget
+    from grammars import native
     shared, temporary = tmp_path / "shared", tmp_path / "tmp"
     shared.mkdir()
     shared.chmod(0o777)
     temporary.mkdir()
     monkeypatch.setenv("MASKD_CACHE_DIR", str(shared))
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the shared temporary folder, watched
-    assert budget._load() is None  # the slow Python path instead
+    assert native.load() is None  # the slow Python paths instead
     assert os.listdir(shared) == [] and os.listdir(temporary) == []
 
 
 @pytest.mark.skipif(os.getuid() != 0 or shutil.which("cc") is None, reason="needs root (chown) and a C compiler")
 def test_a_library_planted_by_another_user_is_rebuilt_never_loaded(tmp_path, monkeypatch):
     """A library's constructor runs as it loads: one another user put in place must never load."""
-    from grammars import budget
+    from grammars import native
     cache, marker = tmp_path / "cache", tmp_path / "ran"
     assert private_dir(str(cache))
-    planted = cache / _library_name()
+    planted = cache / native.library_name()
     source = tmp_path / "planted.c"
     source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void run(void) '
                       f'{{ FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(planted), str(source)], check=True)
     os.chown(planted, 65534, 65534)
     monkeypatch.setenv("MASKD_CACHE_DIR", str(cache))
-    library = budget._load()
+    library = native.load()
     assert not marker.exists(), "the planted library was loaded"
     assert library is not None and os.stat(planted).st_uid == os.getuid()  # rebuilt from the source

@@ -1,0 +1,62 @@
+"""maskd's C routines (grammars/_index_table.c, grammars/_token_index.c): compiled with the system C
+compiler on first use, once per source version, into a folder of this user's alone, then loaded.
+
+Only a folder of this user's alone: never the shared temporary folder, where anyone could plant a
+library to be loaded into the server (private_dir.py). Without a C compiler `library()` is None and
+callers take their pure-Python paths (slower, same results).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+
+from grammars.private_dir import owned_file, private_dir
+
+log = logging.getLogger("maskd.grammars")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = [os.path.join(_HERE, name) for name in ("_index_table.c", "_token_index.c")]
+_HEADERS = [os.path.join(_HERE, "_varint.h")]
+_LIBRARY: list = []  # [] not tried yet; [None] unavailable; [CDLL]
+
+
+def library():
+    """The loaded C library, or None where it cannot be built."""
+    if not _LIBRARY:
+        _LIBRARY.append(load())
+    return _LIBRARY[0]
+
+
+def library_name() -> str:
+    digest = hashlib.sha256()
+    for path in SOURCES + _HEADERS:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return f"maskd-native-{digest.hexdigest()[:16]}-{sys.platform}.so"
+
+
+def load():
+    """Build (unless this user's build of these sources is there) and load the library; or None."""
+    folder = os.environ.get("MASKD_CACHE_DIR") or os.path.expanduser("~/.cache/maskd")
+    path = os.path.join(folder, library_name())
+    if not private_dir(folder):
+        log.warning("no private folder for the C library at %s: the slow Python paths are used", folder)
+        return None
+    try:
+        if not owned_file(path):
+            if os.path.lexists(path):
+                os.remove(path)  # not ours: rebuilt rather than loaded
+            tmp = f"{path}.{os.getpid()}.tmp"
+            compiler = os.environ.get("CC", "cc")
+            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", tmp, *SOURCES], check=True,
+                           capture_output=True, timeout=120)
+            os.replace(tmp, path)
+        return ctypes.CDLL(path)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("could not build the C library in %s (%s): the slow Python paths are used", folder, exc)
+        return None

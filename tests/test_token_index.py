@@ -1,0 +1,85 @@
+"""Token indexes by a pruned walk of the token trie (grammars/token_index.py) equal outlines-core's."""
+
+import gzip
+import json
+from pathlib import Path
+
+import outlines_core
+import pytest
+
+from grammar_fixtures import smollm2_vocabulary
+from grammars import GrammarError, schema_to_regex
+from grammars.token_index import TokenTrie
+from grammars.tool_grammar import tool_grammar
+
+MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
+
+
+@pytest.fixture(scope="module")
+def trie():
+    vocabulary = smollm2_vocabulary()
+    return TokenTrie(vocabulary.token_bytes, vocabulary.eos_token_id, len(vocabulary.outlines))
+
+
+def canonical(index) -> list:
+    """The index as (transitions, final) per state, states numbered in breadth-first order."""
+    transitions, finals = index.get_transitions(), index.get_final_states()
+    number, order, out = {index.get_initial_state(): 0}, [index.get_initial_state()], []
+    for state in order:
+        row = {}
+        for token, next_state in sorted(transitions.get(state, {}).items()):
+            if next_state not in number:
+                number[next_state] = len(number)
+                order.append(next_state)
+            row[token] = number[next_state]
+        out.append((row, state in finals))
+    return out
+
+
+def schemas(subset: str, count: int) -> list[dict]:
+    path = MASKBENCH / f"{subset}.jsonl.gz"
+    if not path.is_file():
+        pytest.skip(f"MaskBench data not present at {path}")
+    rows = [json.loads(line)["schema"] for line in gzip.open(path, "rt")]
+    return rows[:: max(1, len(rows) // count)][:count]
+
+
+def regexes() -> list[str]:
+    out = [r'\{"a":[0-9]+\}', '"[^"]*"', "(ab|é)+c", r'\n\{"name": "f", "arguments": \x01\}\n']
+    for subset in ("BFCL", "Glaiveai2K", "JME", "MCPspec"):
+        for schema in schemas(subset, 6):
+            try:
+                out.append(schema_to_regex(schema, free_values=True))
+            except GrammarError:
+                continue
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "meta": {}}, "required": ["city"]}}}]
+    out.append(tool_grammar("hermes", tools, lambda s: schema_to_regex(s, free_values=True), False).units[0])
+    return out
+
+
+@pytest.mark.parametrize("regex", regexes())
+def test_the_trie_walk_gives_outlines_cores_index(trie, regex):
+    mine = trie.index(regex)
+    assert mine is not None
+    assert canonical(mine) == canonical(outlines_core.Index(regex, smollm2_vocabulary().outlines))
+
+
+def test_a_token_may_leave_an_accepting_state(trie):
+    """outlines-core 0.2.14 drops transitions from an accepting state to a non-accepting one (after
+    `1`, `.` in `[0-9]+(\\.[0-9]+)?`); the trie walk keeps them, so `1` `.` `5` is written."""
+    vocabulary = smollm2_vocabulary()
+    one, dot, five = (next(t for t, b in vocabulary.token_bytes.items() if b == text) for text in (b"1", b".", b"5"))
+    index = trie.index(r"[0-9]+(\.[0-9]+)?")
+    state = index.get_next_state(index.get_initial_state(), one)
+    assert index.is_final_state(state)
+    state = index.get_next_state(state, dot)
+    assert state is not None and not index.is_final_state(state)
+    assert index.is_final_state(index.get_next_state(state, five))
+    theirs = outlines_core.Index(r"[0-9]+(\.[0-9]+)?", vocabulary.outlines)
+    assert theirs.get_next_state(theirs.get_next_state(theirs.get_initial_state(), one), dot) is None
+
+
+def test_a_regex_holding_the_sentinel_byte_is_left_to_outlines_core(trie):
+    assert trie.index("a\x02?") is None
+    assert trie.index("a\x02b") is not None  # inside the regex and never at its end: still exact
