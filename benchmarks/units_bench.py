@@ -4,9 +4,9 @@
 
 For each model (`make gemma` first for gemma3-270m, the 262k vocabulary) a fresh `maskd serve` with
 no grammar disk cache and default flags. For each N: N BFCL tools this server has never seen,
-tool_choice "required", greedy; the whole request is timed cold (the tools' units compile beside
-the prefill), then again with the same tools and another system message (units in memory, the
-prompt prefilled again). Target: cold <= 1.25x warm, and every call valid (jsonschema). Then one
+tool_choice "required", greedy; the whole request is timed cold (the chosen tool's unit compiles
+when the model names it, the others in the engine's idle time), then, once every unit is compiled,
+again with the same tools and another system message (units in memory, the prompt prefilled again). Target: cold <= 1.25x warm, and every call valid (jsonschema). Then one
 tool of the 25 is changed: exactly one unit must be compiled (from /metrics).
 json_object: the first request after startup, then a second one; its outputs must parse as objects.
 Prints a table, writes benchmarks/results/units_bench.json and units_bench.png.
@@ -77,6 +77,15 @@ def valid(reply: dict, tools: list[dict]) -> bool:
     return bool(calls)
 
 
+def tokens(reply: dict) -> int | None:
+    return (reply.get("usage") or {}).get("completion_tokens")
+
+
+def called(reply: dict) -> str | None:
+    calls = (reply.get("choices") or [{}])[0].get("message", {}).get("tool_calls") or []
+    return calls[0]["function"]["name"] if calls else None
+
+
 def misses(url: str) -> float:
     return metric(url, "maskd_grammar_compiles_total") + metric(url, 'maskd_grammar_cache_hits_total{tier="disk"}')
 
@@ -111,9 +120,13 @@ def run_model(model: str, sizes: list[int], max_tokens: int) -> dict:
             tools, start = pool[start:start + n], start + n
             before, seconds = misses(url), metric(url, "maskd_grammar_compile_seconds_total")
             cold, reply_cold = call(url, model, tools, f"You are agent {n}-A.", max_tokens)
+            settled = time.perf_counter()  # tools not called compile in the engine's idle time: wait for them
+            while misses(url) - before < n and time.perf_counter() - settled < 1800:
+                time.sleep(0.1)
             compiled, spent = misses(url) - before, metric(url, "maskd_grammar_compile_seconds_total") - seconds
             warm, reply_warm = call(url, model, tools, f"You are agent {n}-B, another one.", max_tokens)
             row = {"n": n, "cold_s": cold, "warm_s": warm, "ratio": cold / warm, "units_compiled": compiled,
+                   "tokens": [tokens(reply_cold), tokens(reply_warm)], "calls": [called(reply_cold), called(reply_warm)],
                    "compile_seconds": spent, "valid": [valid(reply_cold, tools), valid(reply_warm, tools)],
                    "errors": [r.get("error") for r in (reply_cold, reply_warm) if "error" in r]}
             if n == 25:
@@ -124,7 +137,8 @@ def run_model(model: str, sizes: list[int], max_tokens: int) -> dict:
                            changed_valid=valid(reply, changed))
             out["tools"].append(row)
             print(f"  {model} N={n}: cold {cold:.2f} s, warm {warm:.2f} s, ratio {cold / warm:.2f}, "
-                  f"{compiled:.0f} units compiled ({spent:.1f} s of compile), valid {row['valid']}", flush=True)
+                  f"{compiled:.0f} units compiled ({spent:.1f} s of compile), valid {row['valid']}, "
+                  f"tokens {row['tokens']}, calls {row['calls']}", flush=True)
     return out
 
 

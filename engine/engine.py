@@ -64,6 +64,7 @@ class Engine:
         self._by_id: dict[int, Sequence] = {}
         self._wake = threading.Event()
         self._stopping = False
+        self.idle = True  # nothing to compute (read by the grammar compiler: background compiles run then)
         self._thread: threading.Thread | None = None
 
     # ---- called from any thread -------------------------------------------------------------
@@ -163,9 +164,11 @@ class Engine:
             if self.leader is not None:
                 self.leader.tick()  # the other ranks wait for rank 0's next word, within a timeout
             if not cancelled and not self.scheduler.has_work():  # idle, or only requests awaiting grammars
+                self.idle = True  # background grammar compiles may take the cores now
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
+            self.idle = False
             try:
                 self.step()
             except Exception as exc:  # a broken step fails its running requests, never the server

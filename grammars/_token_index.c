@@ -193,3 +193,22 @@ done:
 }
 
 void token_index_free(uint8_t *p) { free(p); }
+
+/* best[k] for k in [0, n]: the fewest tokens spelling text[k:] (UNSPLIT = 1 << 30 where none does);
+ * a `hole` byte is one token of its own (the JSON-value automaton's value) and no token spans it. */
+void token_split(const trie_t *t, const uint8_t *text, int64_t n, uint8_t hole, int32_t *best) {
+    const int32_t unsplit = 1 << 30;
+    best[n] = 0;
+    for (int64_t k = n - 1; k >= 0; k--) {
+        best[k] = unsplit;
+        if (text[k] == hole) { best[k] = best[k + 1] < unsplit ? best[k + 1] + 1 : unsplit; continue; }
+        int32_t node = 0;
+        for (int64_t d = k; d < n && text[d] != hole; d++) {
+            int32_t c = t->child[node];
+            while (c >= 0 && t->byte[c] != text[d]) c = t->sibling[c];
+            if (c < 0) break;
+            node = c;
+            if (t->tok_n[node] && best[d + 1] < unsplit && best[d + 1] + 1 < best[k]) best[k] = best[d + 1] + 1;
+        }
+    }
+}

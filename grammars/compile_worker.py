@@ -15,15 +15,12 @@ child starts in well under a second.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import os
 import pickle
 import select
 import struct
 import subprocess
 import sys
-import threading
 import time
 
 from grammars.errors import CompileTimeout, GrammarError, UnsupportedSchemaError
@@ -195,36 +192,3 @@ class CompileWorker:
             self._proc.stdout.close()
         self._proc, self._ready = None, False
 
-
-class WorkerTurns:
-    """Hands idle workers to waiting compiles: lowest priority number first, then in order of asking.
-    ``prefer(key)`` moves a waiting compile of that key to the front (a request now waits on it)."""
-
-    def __init__(self, workers: list[CompileWorker]) -> None:
-        self._idle = list(workers)
-        self._waiting: list[list] = []  # heap of [priority, ticket, key]
-        self._tickets = itertools.count()
-        self._turn = threading.Condition()
-
-    def take(self, priority: int, key: str | None = None) -> CompileWorker:
-        with self._turn:
-            entry = [priority, next(self._tickets), key]
-            heapq.heappush(self._waiting, entry)
-            while not (self._idle and self._waiting[0] is entry):
-                self._turn.wait()
-            heapq.heappop(self._waiting)
-            self._turn.notify_all()  # the next in line may find another idle worker
-            return self._idle.pop()
-
-    def give(self, worker: CompileWorker) -> None:
-        with self._turn:
-            self._idle.append(worker)
-            self._turn.notify_all()
-
-    def prefer(self, key: str) -> None:
-        with self._turn:
-            for entry in self._waiting:
-                if entry[2] == key:
-                    entry[0] = -1
-            heapq.heapify(self._waiting)
-            self._turn.notify_all()

@@ -33,11 +33,12 @@ from collections import OrderedDict
 from typing import Iterable
 
 from grammars.cache_version import UNIT_VERSION
-from grammars.compile_worker import CompileWorker, WorkerTurns
+from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
 from grammars.private_dir import owned_file, private_dir
 from grammars.unit_file import BadEntry, load_unit, save_unit
+from grammars.worker_turns import BACKGROUND, NEEDED, NOW, SCHEMA, WorkerTurns
 from grammars.vocabulary import TokenVocabulary
 
 log = logging.getLogger("maskd.grammars")
@@ -97,22 +98,24 @@ class GrammarCompiler:
 
     # -- public API ---------------------------------------------------------------------
 
-    def compile_regex(self, regex: str) -> CompiledGrammar:
+    def compile_regex(self, regex: str, priority: int = NEEDED) -> CompiledGrammar:
         """CompiledGrammar for ``regex`` (cached); raises CompileTimeout if its compile takes longer
-        than the limit."""
+        than the limit. ``priority``: its turn for a worker (grammars/worker_turns.py)."""
         key = self._key(regex)
         hit = self._memory_get(key)
         if hit is not None:
             return hit
         lock = self._key_lock(key)
-        lock.acquire()  # another request compiles it: its compile is bounded by the limit
+        if not lock.acquire(blocking=False):  # another request compiles it (bounded by the limit) ...
+            self._pool.prefer(key, priority)  # ... perhaps in the background: this one waits on it
+            lock.acquire()
         try:  # one compile per key even under concurrent requests
             hit = self._memory_get(key)
             if hit is not None:
                 return hit
             built = self._disk_get(key)
             if built is None:
-                built = self._build(regex, key)
+                built = self._build(regex, key, priority)
                 self._disk_put(key, built)
             else:
                 self.stats["disk_hits"] += 1
@@ -130,20 +133,25 @@ class GrammarCompiler:
         """The grammar of ``regex`` if it is in the memory cache (no compile, no disk read)."""
         return self._memory_get(self._key(regex))
 
-    def submit_regex(self, regex: str) -> concurrent.futures.Future:
-        """A future of compile_regex(regex): done at once on a memory hit, else compiled in the pool
-        (the limit runs from now, queueing included)."""
+    def submit_regex(self, regex: str, background: bool = False) -> concurrent.futures.Future:
+        """A future of compile_regex(regex): done at once on a memory hit, else compiled in the pool.
+        ``background``: no request waits on it yet: it compiles while the engine is idle, unless
+        ``prefer`` moves it up."""
         hit = self.cached(regex)
         if hit is not None:
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_result(hit)
             return future
-        return self._threads.submit(self.compile_regex, regex)
+        return self._threads.submit(self.compile_regex, regex, BACKGROUND if background else NEEDED)
 
-    def prefer(self, regex: str) -> None:
-        """Serve the compile of ``regex``, if it waits for a worker, before the others waiting (a
-        request now needs it to go on)."""
-        self._pool.prefer(self._key(regex))
+    def prefer(self, regex: str, now: bool = True) -> None:
+        """Serve the compile of ``regex``, if it waits for a worker, before the others waiting (a row
+        waits on it right now), or (``now`` False) as a compile a request needs, not a background one."""
+        self._pool.prefer(self._key(regex), NOW if now else NEEDED)
+
+    def set_engine_idle(self, idle) -> None:
+        """``idle()``: whether the engine has nothing to compute (background compiles run then)."""
+        self._pool.engine_idle = idle
 
     def _key(self, regex: str) -> str:
         return hashlib.sha256(f"{CACHE_VERSION}\0{self.vocabulary.fingerprint}\0{regex}".encode()).hexdigest()
@@ -162,7 +170,7 @@ class GrammarCompiler:
             if regex is not None:
                 self._schema_regex.move_to_end(key)
                 return regex
-        worker = self._pool.take(priority=0)  # a request waits on it before anything else
+        worker = self._pool.take(priority=SCHEMA)  # a request waits on it before anything else
         try:
             regex = worker.schema_regex(text, key[1], free_values, self.timeout_s)
         except CompileTimeout as e:
@@ -220,8 +228,8 @@ class GrammarCompiler:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _build(self, regex: str, key: str):
-        worker = self._pool.take(priority=1, key=key)
+    def _build(self, regex: str, key: str, priority: int):
+        worker = self._pool.take(priority, key=key)
         started = time.perf_counter()
         try:
             self.stats["compiles"] += 1

@@ -19,15 +19,24 @@ from re import _parser
 _PICKS = "a0 \"" + "".join(chr(c) for c in range(0x21, 0x7F)) + "\u00e9\u4e00"  # tried in this order
 
 
-def leading_literal(regex: str) -> str | None:
-    """The text every match of ``regex`` starts with, up to its first choice; None if unreadable."""
+def unit_texts(regex: str) -> tuple[str, str | None] | None:
+    """(leading_literal, shortest_text) of ``regex`` from one parse; None if unreadable."""
     try:
-        parsed = _parser.parse(regex)
+        parsed = list(_parser.parse(regex))
+        out: list[str] = []
+        _literal(parsed, out)
+        text = _shortest(parsed)
+        if text is not None and not re.fullmatch(regex, text, re.DOTALL):
+            text = None
+        return "".join(out), text
     except (re.error, RecursionError, OverflowError):
         return None
-    out: list[str] = []
-    _literal(list(parsed), out)
-    return "".join(out)
+
+
+def leading_literal(regex: str) -> str | None:
+    """The text every match of ``regex`` starts with, up to its first choice; None if unreadable."""
+    texts = unit_texts(regex)
+    return None if texts is None else texts[0]
 
 
 def _literal(items: list, out: list[str]) -> bool:
@@ -45,11 +54,8 @@ def _literal(items: list, out: list[str]) -> bool:
 
 def shortest_text(regex: str) -> str | None:
     """A shortest text ``regex`` matches (ASCII where it may), checked with re.fullmatch; or None."""
-    try:
-        text = _shortest(list(_parser.parse(regex)))
-        return text if text is not None and re.fullmatch(regex, text, re.DOTALL) else None
-    except (re.error, RecursionError, OverflowError):
-        return None
+    texts = unit_texts(regex)
+    return None if texts is None else texts[1]
 
 
 def _shortest(items: list) -> str | None:

@@ -19,6 +19,7 @@ import outlines_core
 from grammars import native
 
 SENTINEL = 0x02  # marks where the regex may end (no JSON text holds it)
+UNSPLIT = 1 << 30  # split(): no tokens spell the text
 _BYTES = outlines_core.Vocabulary(256, {bytes([b]): [b] for b in range(256)})
 
 
@@ -63,6 +64,16 @@ class TokenTrie:
         finally:
             self._lib.token_index_free(out)
 
+    def split(self, text: bytes, hole: int) -> list[int] | None:
+        """[k] for k in 0..len(text): the fewest tokens spelling text[k:] (UNSPLIT where none do);
+        a ``hole`` byte counts one token. None without the C library."""
+        if self._trie is None:
+            return None
+        best = np.zeros(len(text) + 1, dtype=np.int32)
+        self._lib.token_split(ctypes.byref(self._trie), text, len(text), hole,
+                              best.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+        return best.tolist()
+
     def __del__(self) -> None:
         if self._trie is not None:
             self._lib.trie_free(ctypes.byref(self._trie))
@@ -80,4 +91,7 @@ def _declared(library):
                                         ctypes.POINTER(ctypes.c_int64)]
         library.token_index_free.argtypes = [ctypes.POINTER(ctypes.c_uint8)]
         library.token_index_free.restype = None
+        library.token_split.argtypes = [ctypes.POINTER(_Trie), ctypes.c_char_p, ctypes.c_int64, ctypes.c_uint8,
+                                        ctypes.POINTER(ctypes.c_int32)]
+        library.token_split.restype = None
     return library

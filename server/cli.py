@@ -74,7 +74,7 @@ def cmd_serve(args) -> int:
     from server.app import create_app
     from server.state import ServerState
 
-    from grammars import GrammarCompiler, TokenVocabulary
+    from grammars import GrammarCompiler, TokenVocabulary, name_stage
 
     done, leader = _ranks(args)
     if isinstance(done, int):
@@ -85,6 +85,8 @@ def cmd_serve(args) -> int:
     compiler = GrammarCompiler(vocabulary, cache_dir=args.grammar_cache or None, timeout_s=args.grammar_timeout,
                                lru_bytes=int(args.grammar_memory_mb * (1 << 20)), workers=args.grammar_workers)
     compiler.json_automaton()  # json_object and free-form values need it: built (or read from disk) now
+    name_stage.prepare(vocabulary)  # the tables a call written before its units are compiled reads
+    compiler.set_engine_idle(lambda: engine.idle)  # background compiles wait for the engine's idle time
     from grammars.forced_text import ForcedText
     engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)
     from server.responses import ResponseStore

@@ -72,14 +72,14 @@ class Prepared:
     def constrained(self) -> bool:
         return self.requests[0].constraint is not None
 
-    async def settle(self, cancel) -> None:
+    async def settle(self, state) -> None:
         """Waits for the tool units (attaching them to each constraint) and checks the budget against
         the shortest valid output; raises APIError (a 400) where either fails. A request that may
         begin its calls before its units are compiled (a name stage) is not waited for: its units
-        are awaited beside it, and one that fails sets ``failure`` and cancels it (``cancel(id)``)."""
+        are awaited beside it, and one that fails sets ``failure`` and cancels it."""
         for pending, request in zip(self.pending, self.requests):
-            if pending.name_first(self.budget, self.room):
-                self._watch(pending, request.request_id, cancel)
+            if await pending.name_first(state, self.budget, self.room):
+                self._watch(pending, request.request_id, state.engine.cancel)
                 continue
             await pending.wait()
             check_budget(request.constraint, self.budget, self.room, self.fields)
@@ -206,7 +206,7 @@ async def start(state: ServerState, prepared: Prepared) -> list:
             generated.append(state.engine.generate(request))  # a full queue is a 429 here
         try:
             async with asyncio.timeout_at(prepared.deadline):  # units queued behind many compiles
-                await prepared.settle(state.engine.cancel)
+                await prepared.settle(state)
         except TimeoutError:
             raise APIError(f"the request's tool grammars were still compiling at this server's limit of "
                            f"{state.request_timeout:g} s (--request-timeout); retry later (compiled units "

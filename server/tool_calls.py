@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError
-from grammars.name_stage import NameStage, name_stage
+from grammars.name_stage import name_stage
 from grammars.tool_constraint import ToolCallConstraint, tool_tokens
 from grammars.tool_formats import get_tool_format
 from grammars.tool_formats.base import ToolFormat
@@ -61,14 +61,21 @@ class PendingTools:
     units: list  # concurrent.futures.Future[CompiledGrammar] per first-block unit
     later: list | None  # the same for later blocks (mistral), or None: the same units
     fields: object  # generation.Fields: how the API names the tools' schemas
-    stage: NameStage | None = None  # blocks may begin before the units are compiled
+    regexes: tuple[str, ...] = ()  # per first-block unit
+    name_first_ok: bool = False  # a required call whose units may not all be compiled yet
 
-    def name_first(self, budget: int | None, room: int) -> bool:
+    async def name_first(self, state: ServerState, budget: int | None, room: int) -> bool:
         """Whether the request may start before its units are compiled (grammars/name_stage.py);
-        then ``wait()`` runs beside it."""
-        if self.stage is None or all(f.done() for f in self.units):
+        then ``wait()`` runs beside it. The stage is built here, while the prompt prefills."""
+        if not self.name_first_ok or all(f.done() for f in self.units):
             return False
-        return self.constraint.attach_stage(self.stage, budget, room)
+        stage = await asyncio.to_thread(name_stage, state.vocabulary, list(self.regexes), self.units,
+                                        state.compiler.prefer)
+        if stage is not None and self.constraint.attach_stage(stage, budget, room):
+            return True
+        for regex in self.regexes:  # submitted as background compiles: the request waits on them now
+            state.compiler.prefer(regex, now=False)
+        return False
 
     async def wait(self) -> None:
         first = [await self._result(f, i) for i, f in enumerate(self.units)]
@@ -99,15 +106,14 @@ async def build_tool_constraint(state: ServerState, tools: list[dict], choice: T
                                           parallel, choice.name)
     except ToolFormatError as exc:
         raise APIError(str(exc), param=fields.tools) from exc
-    units = [state.compiler.submit_regex(regex) for regex in grammar.units]
+    # a required call over several tools may start before its units are compiled (name first): until a
+    # tool is chosen its units compile in the background, in the engine's idle time
+    name_first_ok = choice.mode == "required" and grammar.next_units == grammar.units and len(grammar.units) > 1
+    units = [state.compiler.submit_regex(regex, background=name_first_ok) for regex in grammar.units]
     later = [state.compiler.submit_regex(regex) for regex in grammar.next_units] \
         if grammar.next_units != grammar.units else None
     for future in units + (later or []):
         future.add_done_callback(lambda _: state.engine.wake())  # a row held for its unit goes on at once
-    stage = None
-    if choice.mode == "required" and later is None and len(units) > 1 and not all(f.done() for f in units):
-        stage = await asyncio.to_thread(name_stage, state.vocabulary, list(grammar.units), units,
-                                        state.compiler.prefer)
     tokens = tool_tokens(state.tokenizer, grammar.open, grammar.close, grammar.separator, grammar.end)
     trigger = None
     if choice.mode == "auto":
@@ -124,7 +130,8 @@ async def build_tool_constraint(state: ServerState, tools: list[dict], choice: T
                                     trigger=trigger, bare_object_at_start=grammar.bare_object_at_start)
     names = [tool["function"]["name"] for tool in tools]
     positions = tuple(names.index(name) for name in grammar.names)
-    return PendingTools(constraint, grammar.names, positions, units, later, fields, stage), frozenset(keep)
+    return PendingTools(constraint, grammar.names, positions, units, later, fields, grammar.units,
+                        name_first_ok), frozenset(keep)
 
 
 def tool_format_of(state: ServerState) -> ToolFormat:

@@ -138,3 +138,22 @@ def test_a_preferred_unit_is_compiled_before_those_queued_ahead_of_it():
         compiler._pool.give(busy)
         concurrent.futures.wait(futures, timeout=1800)
         assert done[0] == "c[a-z]+" and sorted(done) == ["a[a-z]+", "b[a-z]+", "c[a-z]+"]
+
+
+def test_background_units_wait_for_the_engines_idle_time_and_needed_ones_do_not():
+    """A unit submitted in the background (a tool the request has not called) starts only while the
+    engine is idle; one a request needs starts at once; prefer() moves a background one up, even
+    before it has queued for a worker."""
+    with GrammarCompiler(smollm2_vocabulary(), timeout_s=60, workers=1) as compiler:
+        compiler.compile_regex("[0-9]")
+        busy = {"engine": True}
+        compiler.set_engine_idle(lambda: not busy["engine"])
+        background = compiler.submit_regex("x[a-z]+", background=True)
+        needed = compiler.submit_regex("y[a-z]+")
+        assert needed.result(timeout=1800).regex == "y[a-z]+"
+        assert not background.done()  # needed went first; the background one waits for idle time
+        preferred = compiler.submit_regex("z[a-z]+", background=True)
+        compiler.prefer("z[a-z]+")
+        assert preferred.result(timeout=1800).regex == "z[a-z]+" and not background.done()
+        busy["engine"] = False
+        assert background.result(timeout=1800).regex == "x[a-z]+"

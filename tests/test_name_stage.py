@@ -125,3 +125,12 @@ def test_a_call_written_through_the_stage_is_valid(name):
         m.advance(token)
     assert m.is_terminated()
     jsonschema.validate(json.loads(text)["arguments"], SCHEMAS[name])
+
+
+def test_the_c_split_equals_the_python_one():
+    """TokenTrie.split (C) and the Python path give the same fewest-token counts, holes included."""
+    from grammars.name_stage import _bounds, _pieces, _trie
+
+    vocab = smollm2_vocabulary()
+    for text in (b'\n{"name": "add", "arguments": {"a":0,"b":0}}\n', b'{"meta":\x01,"n":0}', b"\x01\x01", b""):
+        assert _trie(vocab).split(text, 1) == _bounds(text, _pieces(vocab))
