@@ -6,7 +6,9 @@ For each model (`make gemma` first for gemma3-270m, the 262k vocabulary) a fresh
 no grammar disk cache and default flags. For each N: N BFCL tools this server has never seen,
 tool_choice "required", greedy; the whole request is timed cold (the chosen tool's unit compiles
 when the model names it, the others in the engine's idle time), then, once every unit is compiled,
-again with the same tools and another system message (units in memory, the prompt prefilled again). Target: cold <= 1.25x warm, and every call valid (jsonschema). Then one
+again with the same tools and another system message (units in memory, the prompt prefilled again).
+Each N is tried on --repeats fresh tool lists (the two prompts differ, so the two outputs may too):
+the median ratio counts. Target: cold <= 1.25x warm, and every call valid (jsonschema). Then one
 tool of the 25 is changed: exactly one unit must be compiled (from /metrics).
 json_object: the first request after startup, then a second one; its outputs must parse as objects.
 Prints a table, writes benchmarks/results/units_bench.json and units_bench.png.
@@ -106,7 +108,18 @@ def json_object(url: str, model: str, ask: str) -> tuple[float, bool]:
     return elapsed, ok or choice["finish_reason"] == "length"
 
 
-def run_model(model: str, sizes: list[int], max_tokens: int) -> dict:
+def settled(url: str, before: float, expected: int) -> float:
+    """Units missed since ``before``, once at least ``expected`` are and none came for a second."""
+    started, last, seen = time.perf_counter(), time.perf_counter(), misses(url) - before
+    while time.perf_counter() - started < 1800 and (seen < expected or time.perf_counter() - last < 1.0):
+        time.sleep(0.1)
+        now = misses(url) - before
+        if now != seen:
+            seen, last = now, time.perf_counter()
+    return seen
+
+
+def run_model(model: str, sizes: list[int], max_tokens: int, repeats: int) -> dict:
     pool = bfcl_tools(seed=len(model))
     out: dict = {"model": model, "tools": [], "json_object": {}}
     with live_server("--model", model, "--grammar-cache", "", timeout=900) as (url, _):
@@ -117,28 +130,32 @@ def run_model(model: str, sizes: list[int], max_tokens: int) -> dict:
         print(f"  {model} json_object: first {first:.2f} s, second {second:.2f} s", flush=True)
         start = 0
         for n in sizes:
-            tools, start = pool[start:start + n], start + n
-            before, seconds = misses(url), metric(url, "maskd_grammar_compile_seconds_total")
-            cold, reply_cold = call(url, model, tools, f"You are agent {n}-A.", max_tokens)
-            settled = time.perf_counter()  # tools not called compile in the engine's idle time: wait for them
-            while misses(url) - before < n and time.perf_counter() - settled < 1800:
-                time.sleep(0.1)
-            compiled, spent = misses(url) - before, metric(url, "maskd_grammar_compile_seconds_total") - seconds
-            warm, reply_warm = call(url, model, tools, f"You are agent {n}-B, another one.", max_tokens)
-            row = {"n": n, "cold_s": cold, "warm_s": warm, "ratio": cold / warm, "units_compiled": compiled,
-                   "tokens": [tokens(reply_cold), tokens(reply_warm)], "calls": [called(reply_cold), called(reply_warm)],
-                   "compile_seconds": spent, "valid": [valid(reply_cold, tools), valid(reply_warm, tools)],
-                   "errors": [r.get("error") for r in (reply_cold, reply_warm) if "error" in r]}
+            trials = []
+            for trial in range(repeats):  # fresh tools each time; the ratio is the median of the trials
+                tools, start = pool[start:start + n], start + n
+                before, seconds = misses(url), metric(url, "maskd_grammar_compile_seconds_total")
+                cold, reply_cold = call(url, model, tools, f"You are agent {n}-{trial}-A.", max_tokens)
+                compiled = settled(url, before, n)  # tools not called compile in the engine's idle time
+                spent = metric(url, "maskd_grammar_compile_seconds_total") - seconds
+                warm, reply_warm = call(url, model, tools, f"You are agent {n}-{trial}-B, another one.", max_tokens)
+                trials.append({"cold_s": cold, "warm_s": warm, "ratio": cold / warm, "units_compiled": compiled,
+                               "tokens": [tokens(reply_cold), tokens(reply_warm)],
+                               "calls": [called(reply_cold), called(reply_warm)], "compile_seconds": spent,
+                               "valid": [valid(reply_cold, tools), valid(reply_warm, tools)],
+                               "errors": [r.get("error") for r in (reply_cold, reply_warm) if "error" in r]})
+            middle = sorted(trials, key=lambda t: t["ratio"])[len(trials) // 2]
+            row = {"n": n, **middle, "valid": [all(v) for v in zip(*(t["valid"] for t in trials))],
+                   "ratios": [t["ratio"] for t in trials], "trials": trials}
             if n == 25:
                 changed = tools[:12] + [pool[-1]] + tools[13:]  # a tool no group uses
                 before = misses(url)
                 changed_s, reply = call(url, model, changed, f"You are agent {n}-C.", max_tokens)
-                row.update(changed_one_compiled=misses(url) - before, changed_s=changed_s,
+                row.update(changed_one_compiled=settled(url, before, 1), changed_s=changed_s,
                            changed_valid=valid(reply, changed))
             out["tools"].append(row)
-            print(f"  {model} N={n}: cold {cold:.2f} s, warm {warm:.2f} s, ratio {cold / warm:.2f}, "
-                  f"{compiled:.0f} units compiled ({spent:.1f} s of compile), valid {row['valid']}, "
-                  f"tokens {row['tokens']}, calls {row['calls']}", flush=True)
+            print(f"  {model} N={n}: ratios {[round(r, 2) for r in row['ratios']]}, median trial: cold "
+                  f"{row['cold_s']:.2f} s, warm {row['warm_s']:.2f} s, {row['units_compiled']:.0f} units compiled "
+                  f"({row['compile_seconds']:.1f} s of compile), valid {row['valid']}, tokens {row['tokens']}", flush=True)
     return out
 
 
@@ -166,10 +183,11 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2-135m-instruct,gemma3-270m")
     parser.add_argument("--sizes", default="10,25,40")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="fresh tool lists per N (the median ratio counts)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    results = [run_model(model, sizes, args.max_tokens) for model in args.models.split(",")]
-    print(f"\n{'model':24} {'N':>3} {'cold s':>8} {'warm s':>8} {'ratio':>6} {'units':>6} {'valid':>6}")
+    results = [run_model(model, sizes, args.max_tokens, args.repeats) for model in args.models.split(",")]
+    print(f"\n{'model':24} {'N':>3} {'cold s':>8} {'warm s':>8} {'ratio':>6} {'units':>6} {'valid':>6}  (median of {args.repeats})")
     for result in results:
         for r in result["tools"]:
             print(f"{result['model']:24} {r['n']:>3} {r['cold_s']:>8.2f} {r['warm_s']:>8.2f} {r['ratio']:>6.2f} "

@@ -80,6 +80,7 @@ class GrammarCompiler:
         self.free_values = free_values  # free-form values as holes for the JSON-value automaton
         self._json = None  # the JSON-value automaton, once asked for
         self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._failed: OrderedDict[str, GrammarError] = OrderedDict()  # key -> why its compile failed
         self._schema_regex: OrderedDict[tuple, str] = OrderedDict()  # (schema, ignored, free values) -> regex
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Lock] = {}
@@ -105,6 +106,9 @@ class GrammarCompiler:
         hit = self._memory_get(key)
         if hit is not None:
             return hit
+        failed = self._failed.get(key)
+        if failed is not None:  # it failed before (past the limit, or refused): it would again
+            raise failed
         lock = self._key_lock(key)
         if not lock.acquire(blocking=False):  # another request compiles it (bounded by the limit) ...
             self._pool.prefer(key, priority)  # ... perhaps in the background: this one waits on it
@@ -113,9 +117,18 @@ class GrammarCompiler:
             hit = self._memory_get(key)
             if hit is not None:
                 return hit
+            if key in self._failed:
+                raise self._failed[key]
             built = self._disk_get(key)
             if built is None:
-                built = self._build(regex, key, priority)
+                try:
+                    built = self._build(regex, key, priority)
+                except GrammarError as exc:  # remembered, so that a request retrying it fails at once
+                    with self._lock:
+                        self._failed[key] = exc
+                        while len(self._failed) > self.lru_size:
+                            self._failed.popitem(last=False)
+                    raise
                 self._disk_put(key, built)
             else:
                 self.stats["disk_hits"] += 1
@@ -138,9 +151,13 @@ class GrammarCompiler:
         ``background``: no request waits on it yet: it compiles while the engine is idle, unless
         ``prefer`` moves it up."""
         hit = self.cached(regex)
-        if hit is not None:
+        failed = self._failed.get(self._key(regex)) if hit is None else None
+        if hit is not None or failed is not None:
             future: concurrent.futures.Future = concurrent.futures.Future()
-            future.set_result(hit)
+            if failed is None:
+                future.set_result(hit)
+            else:
+                future.set_exception(failed)
             return future
         return self._threads.submit(self.compile_regex, regex, BACKGROUND if background else NEEDED)
 

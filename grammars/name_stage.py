@@ -32,7 +32,6 @@ from grammars.token_index import UNSPLIT, TokenTrie
 from grammars.unit_union import UnitUnion
 
 
-
 class NameStage:
     """The literals and bounds of one request's units (a block's choice of tool), and their futures."""
 
@@ -42,7 +41,7 @@ class NameStage:
         self.literals, self.bounds, self.regexes, self.futures = literals, bounds, regexes, futures
         self.prefer = prefer
         self.pieces = _pieces(vocabulary)
-        self.longest = max(map(len, self.pieces))
+        self.longest = _LONGEST[vocabulary.fingerprint]
 
     def most_tokens(self) -> int:
         """Tokens that surely close a block, whichever tool it calls."""
@@ -76,6 +75,7 @@ def name_stage(vocabulary, regexes: list[str], futures: list, prefer: Callable[[
 
 
 _PIECES: dict[str, dict[bytes, tuple[int, ...]]] = {}
+_LONGEST: dict[str, int] = {}  # the longest token text, in bytes
 _TRIES: dict[str, TokenTrie | None] = {}
 
 
@@ -102,6 +102,7 @@ def _pieces(vocabulary) -> dict[bytes, tuple[int, ...]]:
             if token < vocabulary.size:
                 grouped.setdefault(piece, []).append(token)
         pieces = _PIECES[vocabulary.fingerprint] = {p: tuple(ids) for p, ids in grouped.items()}
+        _LONGEST[vocabulary.fingerprint] = max(map(len, pieces))
     return pieces
 
 

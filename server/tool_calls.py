@@ -67,7 +67,8 @@ class PendingTools:
     async def name_first(self, state: ServerState, budget: int | None, room: int) -> bool:
         """Whether the request may start before its units are compiled (grammars/name_stage.py);
         then ``wait()`` runs beside it. The stage is built here, while the prompt prefills."""
-        if not self.name_first_ok or all(f.done() for f in self.units):
+        if not self.name_first_ok or all(f.done() for f in self.units) or \
+                any(f.done() and f.exception() is not None for f in self.units):  # known bad: the 400 now
             return False
         stage = await asyncio.to_thread(name_stage, state.vocabulary, list(self.regexes), self.units,
                                         state.compiler.prefer)

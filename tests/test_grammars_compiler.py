@@ -59,6 +59,11 @@ def test_timeout_does_not_block_caller():
         assert "timeout_s" in str(info.value)
         compiler.timeout_s = 60
         assert compiler.compile_regex("[0-9]+").regex == "[0-9]+"  # a fresh worker serves on
+        compiles = compiler.stats["compiles"]
+        with pytest.raises(CompileTimeout):  # remembered: asked again, it fails at once, nothing compiles
+            compiler.compile_regex(PATHOLOGICAL)
+        assert isinstance(compiler.submit_regex(PATHOLOGICAL).exception(timeout=0), CompileTimeout)
+        assert compiler.stats["compiles"] == compiles
 
 
 def test_async_variant():
