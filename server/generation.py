@@ -72,13 +72,14 @@ class Prepared:
     def constrained(self) -> bool:
         return self.requests[0].constraint is not None
 
-    async def settle(self, state) -> None:
+    async def settle(self, state=None) -> None:
         """Waits for the tool units (attaching them to each constraint) and checks the budget against
         the shortest valid output; raises APIError (a 400) where either fails. A request that may
         begin its calls before its units are compiled (a name stage) is not waited for: its units
-        are awaited beside it, and one that fails sets ``failure`` and cancels it."""
+        are awaited beside it, and one that fails sets ``failure`` and cancels it. Without ``state``
+        (the running server's) every unit is waited for: the constraint's minimum is then exact."""
         for pending, request in zip(self.pending, self.requests):
-            if await pending.name_first(state, self.budget, self.room):
+            if state is not None and await pending.name_first(state, self.budget, self.room):
                 self._watch(pending, request.request_id, state.engine.cancel)
                 continue
             await pending.wait()
