@@ -66,13 +66,17 @@ def create_app(state: ServerState, api_key: str | None = None, max_body_bytes: i
     @app.get("/debug/integrity")
     async def integrity():
         """Runs the scheduler's and prefix cache's check_integrity() on the engine thread."""
+        scheduler = state.engine.scheduler
+
+        def check() -> tuple[int, int]:  # counted on the engine thread, between steps: a request being
+            scheduler.check_integrity()  # admitted is in no list for a moment, and read from here was 0
+            return scheduler.num_running, len(scheduler.waiting)
         try:
-            await asyncio.wrap_future(state.engine.call(state.engine.scheduler.check_integrity))
+            running, waiting = await asyncio.wrap_future(state.engine.call(check))
         except AssertionError as exc:
             return JSONResponse({"ok": False, "error": f"check_integrity failed: {exc}"}, status_code=500)
-        cache = state.engine.scheduler.prefix_cache
-        return {"ok": True, "running": state.engine.scheduler.num_running,
-                "waiting": len(state.engine.scheduler.waiting),
+        cache = scheduler.prefix_cache
+        return {"ok": True, "running": running, "waiting": waiting,
                 "prefix_cache_bytes": cache.size_bytes if cache else 0,
                 "prefix_cache_budget_bytes": cache.budget_bytes if cache else 0}
 
