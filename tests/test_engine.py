@@ -128,21 +128,17 @@ def test_context_length_ends_generation(tiny_model, smollm_tokenizer):
 def test_forced_tokens_in_a_batch_give_the_constrained_text(tiny_model, smollm_tokenizer):
     """A const schema forces almost every token (jump-forward); the row shares its batch with a
     free row, and both must come out as they do alone."""
-    from engine.constraint_hook import ConstraintMasker
     from grammars import GrammarCompiler, TokenVocabulary
 
     vocab = TokenVocabulary.from_tokenizer(smollm_tokenizer, VOCAB, extra_eos_token_ids=(2,))
     schema = {"type": "object", "properties": {"answer": {"const": "forty two, exactly"}, "n": {"enum": [1, 22]}},
               "required": ["answer", "n"], "additionalProperties": False}
-    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512,
-                 logits_hooks=[ConstraintMasker(VOCAB, 8)])
-    eng.start()
+    eng = masked_engine(tiny_model, smollm_tokenizer)
     with GrammarCompiler(vocab, timeout_s=60) as compiler:
         grammar = compiler.compile_json_schema(schema)
 
         def both():
-            async def collect(request):
-                return [e async for e in eng.generate(request)]
+            collect = collector(eng)
 
             async def run():
                 free = Request(prompt_ids=prompt(smollm_tokenizer),
@@ -201,7 +197,6 @@ def test_a_constraint_that_fails_fails_only_its_own_request(engine, smollm_token
 def test_a_request_waits_for_its_grammar_units_and_no_one_else_does(tiny_model, smollm_tokenizer):
     """A tool request submitted before its units are compiled is prefilled, then parked: a plain
     request submitted after it finishes meanwhile; once the units are attached it decodes a call."""
-    from engine.constraint_hook import ConstraintMasker
     from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
     from grammars.tool_constraint import ToolCallConstraint, tool_tokens
     from grammars.tool_grammar import tool_grammar
@@ -212,14 +207,11 @@ def test_a_request_waits_for_its_grammar_units_and_no_one_else_does(tiny_model, 
         "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}}}]
     grammar = tool_grammar("hermes", tools, schema_to_regex, parallel=False)
     constraint = ToolCallConstraint(tool_tokens(smollm_tokenizer, grammar.open, grammar.close, None), True, vocab)
-    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512,
-                 logits_hooks=[ConstraintMasker(VOCAB, 8)])
-    eng.start()
+    eng = masked_engine(tiny_model, smollm_tokenizer)
     try:
         with GrammarCompiler(vocab, timeout_s=60) as compiler:
             async def scenario():
-                async def collect(request):
-                    return [e async for e in eng.generate(request)]
+                collect = collector(eng)
                 waiting = asyncio.create_task(collect(Request(
                     prompt_ids=prompt(smollm_tokenizer, "Add:"), constraint=constraint,
                     params=SamplingParams(max_tokens=40, temperature=0))))
@@ -246,7 +238,6 @@ def test_a_row_whose_chosen_tools_unit_still_compiles_is_held_and_no_one_else_is
     submitted later decodes to its end; once the units are compiled it writes a valid call."""
     import concurrent.futures
 
-    from engine.constraint_hook import ConstraintMasker
     from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
     from grammars.name_stage import name_stage
     from grammars.tool_constraint import ToolCallConstraint, tool_tokens
@@ -261,9 +252,7 @@ def test_a_row_whose_chosen_tools_unit_still_compiles_is_held_and_no_one_else_is
     stage = name_stage(vocab, list(grammar.units), futures, preferred.append)
     constraint = ToolCallConstraint(tool_tokens(smollm_tokenizer, grammar.open, grammar.close, None), True, vocab)
     assert constraint.attach_stage(stage, budget=80, room=400)
-    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512,
-                 logits_hooks=[ConstraintMasker(VOCAB, 8)])
-    eng.start()
+    eng = masked_engine(tiny_model, smollm_tokenizer)
 
     def held() -> bool:
         return any(s.constraint is constraint for s in eng.scheduler.rows) and not constraint.ready()
@@ -271,8 +260,7 @@ def test_a_row_whose_chosen_tools_unit_still_compiles_is_held_and_no_one_else_is
     try:
         with GrammarCompiler(vocab, timeout_s=60) as compiler:
             async def scenario():
-                async def collect(request):
-                    return [e async for e in eng.generate(request)]
+                collect = collector(eng)
                 waiting = asyncio.create_task(collect(Request(
                     prompt_ids=prompt(smollm_tokenizer, "Add:"), constraint=constraint,
                     params=SamplingParams(max_tokens=80, temperature=0))))
@@ -294,3 +282,20 @@ def test_a_row_whose_chosen_tools_unit_still_compiles_is_held_and_no_one_else_is
     call = json.loads(text.split("\n")[1])
     assert constrained[-1].finish_reason == "stop" and call["name"] in ("add", "mul") and isinstance(call["arguments"]["a"], int)
     assert grammar.units[("add", "mul").index(call["name"])] == preferred[0]
+
+
+def masked_engine(tiny_model, tokenizer) -> Engine:
+    """A started engine that applies its requests' constraints (the grammar tests')."""
+    from engine.constraint_hook import ConstraintMasker
+
+    eng = Engine(tiny_model, tokenizer, torch.device("cpu"), frozenset({2}), 512,
+                 logits_hooks=[ConstraintMasker(VOCAB, 8)])
+    eng.start()
+    return eng
+
+
+def collector(eng: Engine):
+    """collect(request): every event of the request, awaited to its end."""
+    async def collect(request):
+        return [e async for e in eng.generate(request)]
+    return collect
