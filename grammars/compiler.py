@@ -38,8 +38,8 @@ from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
 from grammars.private_dir import owned_file, private_dir
 from grammars.unit_file import BadEntry, load_unit, save_unit
-from grammars.worker_turns import BACKGROUND, NEEDED, NOW, SCHEMA, WorkerTurns
 from grammars.vocabulary import TokenVocabulary
+from grammars.worker_turns import BACKGROUND, NEEDED, NOW, SCHEMA, WorkerTurns
 
 log = logging.getLogger("maskd.grammars")
 
@@ -49,6 +49,8 @@ def default_workers() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores)
 
+
+FAILURE_MEMORY_S = 60.0  # how long a failed compile is answered from memory, not tried again
 
 # What shapes a cached unit besides its regex and vocabulary (grammars/cache_version.py).
 CACHE_VERSION = UNIT_VERSION
@@ -80,7 +82,7 @@ class GrammarCompiler:
         self.free_values = free_values  # free-form values as holes for the JSON-value automaton
         self._json = None  # the JSON-value automaton, once asked for
         self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
-        self._failed: OrderedDict[str, GrammarError] = OrderedDict()  # key -> why its compile failed
+        self._failed: OrderedDict[str, tuple[GrammarError, float]] = OrderedDict()  # key -> (why, when)
         self._schema_regex: OrderedDict[tuple, str] = OrderedDict()  # (schema, ignored, free values) -> regex
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Lock] = {}
@@ -106,8 +108,8 @@ class GrammarCompiler:
         hit = self._memory_get(key)
         if hit is not None:
             return hit
-        failed = self._failed.get(key)
-        if failed is not None:  # it failed before (past the limit, or refused): it would again
+        failed = self._failure(key)
+        if failed is not None:  # it failed a moment ago (past the limit, or refused): it would again
             raise failed
         lock = self._key_lock(key)
         if not lock.acquire(blocking=False):  # another request compiles it (bounded by the limit) ...
@@ -117,15 +119,16 @@ class GrammarCompiler:
             hit = self._memory_get(key)
             if hit is not None:
                 return hit
-            if key in self._failed:
-                raise self._failed[key]
+            failed = self._failure(key)
+            if failed is not None:
+                raise failed
             built = self._disk_get(key)
             if built is None:
                 try:
                     built = self._build(regex, key, priority)
                 except GrammarError as exc:  # remembered, so that a request retrying it fails at once
                     with self._lock:
-                        self._failed[key] = exc
+                        self._failed[key] = (exc, time.monotonic())
                         while len(self._failed) > self.lru_size:
                             self._failed.popitem(last=False)
                     raise
@@ -151,7 +154,7 @@ class GrammarCompiler:
         ``background``: no request waits on it yet: it compiles while the engine is idle, unless
         ``prefer`` moves it up."""
         hit = self.cached(regex)
-        failed = self._failed.get(self._key(regex)) if hit is None else None
+        failed = self._failure(self._key(regex)) if hit is None else None
         if hit is not None or failed is not None:
             future: concurrent.futures.Future = concurrent.futures.Future()
             if failed is None:
@@ -257,6 +260,16 @@ class GrammarCompiler:
             self.stats["compile_seconds"] += time.perf_counter() - started
             worker.start()  # respawn at once if the compile killed it
             self._pool.give(worker)
+
+    def _failure(self, key: str) -> GrammarError | None:
+        """Why the compile of ``key`` failed, if it did within FAILURE_MEMORY_S (a limit hit on a
+        machine busy for a while, or a worker lost, is tried again after that)."""
+        with self._lock:
+            entry = self._failed.get(key)
+            if entry is not None and time.monotonic() - entry[1] > FAILURE_MEMORY_S:
+                del self._failed[key]
+                entry = None
+        return None if entry is None else entry[0]
 
     def _timed_out(self, error: CompileTimeout):
         self.stats["timeouts"] += 1

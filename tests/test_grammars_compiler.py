@@ -10,6 +10,7 @@ import time
 import pytest
 
 from grammar_fixtures import smollm2_vocabulary
+from grammars import compiler as compiler_module
 from grammars import CompileTimeout, GrammarCompiler, GrammarError, UnsupportedSchemaError, schema_to_regex
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
@@ -50,7 +51,7 @@ def test_memory_cache_is_bounded_in_bytes_and_keeps_the_newest():
         assert tiny.compile_regex(regexes[0]) is grammar and tiny.stats["compiles"] == 1
 
 
-def test_timeout_does_not_block_caller():
+def test_timeout_does_not_block_caller(monkeypatch):
     with GrammarCompiler(smollm2_vocabulary(), timeout_s=60) as compiler:
         compiler.compile_regex("[0-9]")  # the worker is up (however busy the machine)
         compiler.timeout_s = 0.05  # the limit applies to the compile: the caller gets the error, the worker is killed
@@ -64,6 +65,11 @@ def test_timeout_does_not_block_caller():
             compiler.compile_regex(PATHOLOGICAL)
         assert isinstance(compiler.submit_regex(PATHOLOGICAL).exception(timeout=0), CompileTimeout)
         assert compiler.stats["compiles"] == compiles
+        compiler.timeout_s = 0.05
+        monkeypatch.setattr(compiler_module, "FAILURE_MEMORY_S", 0.0)  # remembered a while, then tried again
+        with pytest.raises(CompileTimeout):
+            compiler.compile_regex(PATHOLOGICAL)
+        assert compiler.stats["compiles"] == compiles + 1
 
 
 def test_async_variant():
