@@ -1,16 +1,10 @@
-/* Distance table of an outlines-core token index, read straight from its serialised form.
- *
- * An outlines_core.Index pickles as bincode with variable-length integers: every field is an
- * unsigned varint (< 251: one byte; 251/252/253: a u16/u32/u64 little-endian follows). Layout:
- *   initial_state, n_finals, finals..., n_states, (state, n_tokens, (token, next_state)...)...,
- *   eos_token_id, vocab_size
- * Parsing 20M transitions here takes ~0.2 s; outlines-core's get_transitions() takes ~5 s and
- * gigabytes of Python objects for the same index.
+/* Distance table of a token index (grammars/unit_index.py: CSR transitions per state, final and
+ * loop flags; a loop state also leads every plain token back to itself, grammars/_token_index.c).
  *
  * index_table() computes, for every state, the fewest tokens that reach a final state (a BFS
  * backwards from the finals); the distance of its farthest successor; the most common distance
- * among its successors (the mode: inside a JSON string, that of the ~48k tokens that stay in the
- * string); and its "odd" tokens, those whose successor's distance differs from the mode. Under a
+ * among its successors (the mode: inside a JSON string, that of the ~48k plain tokens that stay in
+ * the string); and its "odd" tokens, those whose successor's distance differs from the mode. Under a
  * token budget a state's mask is then its full mask minus odd tokens, or odd tokens alone.
  *
  * Given the logits width (vocab_size > 0), it also writes every state's mask in the short form
@@ -26,8 +20,7 @@
 
 typedef struct {
     int64_t n_states, n_trans, n_odd;
-    uint32_t initial;
-    uint32_t *keys;      /* [n_states] state ids, in serialised order */
+    uint32_t *keys;      /* [n_states] state numbers (0 .. n_states - 1) */
     int32_t *dist;       /* [n_states] fewest tokens to a final state; -1 if none is reachable */
     int32_t *far;        /* [n_states] distance of the state's farthest successor (-1: none) */
     int32_t *mode;       /* [n_states] the most common distance among its successors */
@@ -35,13 +28,11 @@ typedef struct {
     int32_t *odd_tok;    /* [n_odd] tokens whose successor's distance is not the mode */
     int32_t *odd_dist;   /* [n_odd] distance of the state the token leads to */
     int64_t n_sparse;    /* ids in sp_ids; -1: not written (no vocab_size, or over ids_cap) */
-    int32_t *count;      /* [n_states] the state's tokens other than the index's EOS */
+    int32_t *count;      /* [n_states] the state's tokens (EOS not counted) */
     int8_t *sp_kind;     /* [n_states] 0 none, 1 allowed ids, 2 banned ids */
     int32_t *sp_off;     /* [n_states + 1] CSR offsets into sp_ids */
     int32_t *sp_ids;     /* [n_sparse] ascending token ids */
 } index_table_t;
-
-#include "_varint.h"
 
 void index_table_free(index_table_t *t) {
     free(t->keys); free(t->dist); free(t->far); free(t->mode); free(t->odd_off); free(t->odd_tok); free(t->odd_dist);
@@ -50,93 +41,48 @@ void index_table_free(index_table_t *t) {
 }
 
 static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *tok, const uint8_t *final,
-                        uint32_t eos, int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos,
-                        int64_t allowed_max, int64_t banned_max, int64_t ids_cap);
+                        const uint8_t *loop, const int32_t *plain, int64_t n_plain, int64_t vocab_size,
+                        const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max,
+                        int64_t ids_cap);
 
-/* 0 on success; -1 malformed input, -2 out of memory, -3 state ids too large. */
-int index_table(const uint8_t *buf, int64_t size, int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos,
-                int64_t allowed_max, int64_t banned_max, int64_t ids_cap, index_table_t *out) {
+/* 0 on success; -1 malformed input (a next state out of range), -2 out of memory. `plain`: the plain
+ * token ids, ascending. */
+int index_table(int64_t n_states, const int64_t *off, const int32_t *tok, const int32_t *nxt, const uint8_t *final,
+                const uint8_t *loop, const int32_t *plain, int64_t n_plain, int64_t vocab_size,
+                const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max, int64_t ids_cap,
+                index_table_t *out) {
     memset(out, 0, sizeof *out);
-    reader_t r = {buf, buf + size, 0};
-    uint64_t initial = rd(&r), n_finals = rd(&r);
-    const uint8_t *finals_at = r.p;
-    for (uint64_t i = 0; i < n_finals && !r.err; i++) rd(&r);
-    uint64_t n_states = rd(&r);
-    if (r.err || n_states == 0 || n_states > (uint64_t)size) return -1;
-    const uint8_t *states_at = r.p;
-
-    /* pass 1: sizes and the largest state id */
-    uint64_t n_trans = 0, max_id = initial;
-    for (uint64_t s = 0; s < n_states && !r.err; s++) {
-        uint64_t key = rd(&r), n = rd(&r);
-        if (key > max_id) max_id = key;
-        for (uint64_t j = 0; j < n && !r.err; j++) {
-            rd(&r);
-            uint64_t next = rd(&r);
-            if (next > max_id) max_id = next;
-        }
-        n_trans += n;
-    }
-    if (r.err) return -1;
-    if (max_id > 0x7fffffffULL) return -3;
-
-    int rc = -2;
-    int32_t *dense = malloc((max_id + 1) * sizeof *dense);
-    int64_t *off = malloc((n_states + 1) * sizeof *off);
-    int32_t *tok = malloc((n_trans + 1) * sizeof *tok), *nxt = malloc((n_trans + 1) * sizeof *nxt);
+    int64_t n_trans = off[n_states];
+    int rc = -1;
+    for (int64_t k = 0; k < n_trans; k++)
+        if (nxt[k] < 0 || nxt[k] >= n_states) return rc;
+    rc = -2;
     int64_t *rev_off = calloc(n_states + 1, sizeof *rev_off);
     int32_t *rev = malloc((n_trans + 1) * sizeof *rev), *queue = malloc(n_states * sizeof *queue);
-    uint8_t *final = calloc(n_states, 1);
     out->keys = malloc(n_states * sizeof *out->keys);
     out->dist = malloc(n_states * sizeof *out->dist);
     out->far = malloc(n_states * sizeof *out->far);
     out->mode = malloc(n_states * sizeof *out->mode);
     out->odd_off = calloc(n_states + 1, sizeof *out->odd_off);
-    if (!dense || !off || !tok || !nxt || !rev_off || !rev || !queue || !final || !out->keys || !out->dist
-        || !out->far || !out->mode
-        || !out->odd_off) goto done;
-    memset(dense, 0xff, (max_id + 1) * sizeof *dense);
-
-    /* pass 2: transitions, with next states as dense indices */
-    r.p = states_at;
-    off[0] = 0;
-    for (uint64_t s = 0; s < n_states; s++) {
-        uint64_t key = rd(&r), n = rd(&r);
-        out->keys[s] = (uint32_t)key;
-        dense[key] = (int32_t)s;
-        for (uint64_t j = 0; j < n; j++) {
-            tok[off[s] + j] = (int32_t)rd(&r);
-            nxt[off[s] + j] = (int32_t)rd(&r); /* a state id for now */
-        }
-        off[s + 1] = off[s] + n;
-    }
-    uint64_t eos = rd(&r); /* the index's own EOS token, on final states' transitions */
-    rc = -1;
-    if (r.err) goto done;
-    for (uint64_t k = 0; k < n_trans; k++) {
-        if ((nxt[k] = dense[nxt[k]]) < 0) goto done; /* a next state with no entry of its own */
-    }
+    if (!rev_off || !rev || !queue || !out->keys || !out->dist || !out->far || !out->mode || !out->odd_off)
+        goto done;
+    for (int64_t s = 0; s < n_states; s++) out->keys[s] = (uint32_t)s;
 
     /* reverse adjacency (CSR), then BFS from the finals */
-    for (uint64_t k = 0; k < n_trans; k++) rev_off[nxt[k] + 1]++;
-    for (uint64_t s = 0; s < n_states; s++) rev_off[s + 1] += rev_off[s];
+    for (int64_t k = 0; k < n_trans; k++) rev_off[nxt[k] + 1]++;
+    for (int64_t s = 0; s < n_states; s++) rev_off[s + 1] += rev_off[s];
     {
         int64_t *fill = malloc((n_states + 1) * sizeof *fill);
         if (!fill) { rc = -2; goto done; }
         memcpy(fill, rev_off, (n_states + 1) * sizeof *fill);
-        for (uint64_t s = 0; s < n_states; s++)
+        for (int64_t s = 0; s < n_states; s++)
             for (int64_t k = off[s]; k < off[s + 1]; k++) rev[fill[nxt[k]]++] = (int32_t)s;
         free(fill);
     }
-    for (uint64_t s = 0; s < n_states; s++) out->dist[s] = -1;
+    for (int64_t s = 0; s < n_states; s++) out->dist[s] = -1;
     int64_t head = 0, tail = 0;
-    r.p = finals_at;
-    for (uint64_t i = 0; i < n_finals; i++) {
-        uint64_t f = rd(&r);
-        if (f > max_id || dense[f] < 0) continue; /* a final state no transition mentions */
-        final[dense[f]] = 1;
-        if (out->dist[dense[f]] < 0) { out->dist[dense[f]] = 0; queue[tail++] = dense[f]; }
-    }
+    for (int64_t s = 0; s < n_states; s++)
+        if (final[s]) { out->dist[s] = 0; queue[tail++] = (int32_t)s; }
     while (head < tail) {
         int32_t u = queue[head++];
         for (int64_t k = rev_off[u]; k < rev_off[u + 1]; k++) {
@@ -147,12 +93,16 @@ int index_table(const uint8_t *buf, int64_t size, int64_t vocab_size, const int3
 
     /* per state: the farthest and the most common successor distance, then the odd tokens */
     int32_t max_dist = 0;
-    for (uint64_t s = 0; s < n_states; s++) if (out->dist[s] > max_dist) max_dist = out->dist[s];
+    for (int64_t s = 0; s < n_states; s++) if (out->dist[s] > max_dist) max_dist = out->dist[s];
     int32_t *count = calloc((size_t)max_dist + 1, sizeof *count);
     if (!count) { rc = -2; goto done; }
     int64_t n_odd = 0;
-    for (uint64_t s = 0; s < n_states; s++) {
+    for (int64_t s = 0; s < n_states; s++) {
         int32_t far = -1, mode = -1, most = 0;
+        if (loop[s] && n_plain && out->dist[s] >= 0) { /* the plain tokens, back to s */
+            far = mode = out->dist[s];
+            most = count[mode] = (int32_t)n_plain;
+        }
         for (int64_t k = off[s]; k < off[s + 1]; k++) {
             int32_t d = out->dist[nxt[k]];
             if (d > far) far = d;
@@ -160,8 +110,10 @@ int index_table(const uint8_t *buf, int64_t size, int64_t vocab_size, const int3
         }
         for (int64_t k = off[s]; k < off[s + 1]; k++)
             if (out->dist[nxt[k]] >= 0) count[out->dist[nxt[k]]] = 0;
+        if (out->dist[s] >= 0) count[out->dist[s]] = 0;
         for (int64_t k = off[s]; k < off[s + 1]; k++)
             if (out->dist[nxt[k]] >= 0 && out->dist[nxt[k]] != mode) n_odd++;
+        if (loop[s] && out->dist[s] >= 0 && out->dist[s] != mode) n_odd += n_plain;
         out->far[s] = far;
         out->mode[s] = mode;
     }
@@ -170,54 +122,58 @@ int index_table(const uint8_t *buf, int64_t size, int64_t vocab_size, const int3
     out->odd_dist = malloc((n_odd + 1) * sizeof *out->odd_dist);
     if (!out->odd_tok || !out->odd_dist) { rc = -2; goto done; }
     n_odd = 0;
-    for (uint64_t s = 0; s < n_states; s++) {
+    for (int64_t s = 0; s < n_states; s++) {
         for (int64_t k = off[s]; k < off[s + 1]; k++) {
             int32_t d = out->dist[nxt[k]];
             if (d >= 0 && d != out->mode[s]) { out->odd_tok[n_odd] = tok[k]; out->odd_dist[n_odd++] = d; }
         }
+        if (loop[s] && out->dist[s] >= 0 && out->dist[s] != out->mode[s])
+            for (int64_t i = 0; i < n_plain; i++) { out->odd_tok[n_odd] = plain[i]; out->odd_dist[n_odd++] = out->dist[s]; }
         out->odd_off[s + 1] = n_odd;
     }
-    out->n_states = (int64_t)n_states;
-    out->n_trans = (int64_t)n_trans;
+    out->n_states = n_states;
+    out->n_trans = n_trans;
     out->n_odd = n_odd;
-    out->initial = (uint32_t)initial;
-    rc = sparse_forms(out, off, tok, final, (uint32_t)eos, vocab_size, eos_ids, n_eos, allowed_max, banned_max,
-                      ids_cap);
+    rc = sparse_forms(out, off, tok, final, loop, plain, n_plain, vocab_size, eos_ids, n_eos, allowed_max,
+                      banned_max, ids_cap);
 done:
-    free(dense); free(off); free(tok); free(nxt); free(rev_off); free(rev); free(queue); free(final);
+    free(rev_off); free(rev); free(queue);
     if (rc) index_table_free(out);
     return rc;
 }
 
 /* count, and (with vocab_size > 0) the short form of every state's mask; 0 or -2 (out of memory). */
 static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *tok, const uint8_t *final,
-                        uint32_t eos, int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos,
-                        int64_t allowed_max, int64_t banned_max, int64_t ids_cap) {
+                        const uint8_t *loop, const int32_t *plain, int64_t n_plain, int64_t vocab_size,
+                        const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max,
+                        int64_t ids_cap) {
     int64_t n_states = out->n_states, width = (vocab_size + 31) / 32;
     out->n_sparse = -1;
     out->count = malloc((n_states + 1) * sizeof *out->count);
     if (!out->count) return -2;
-    for (int64_t s = 0; s < n_states; s++) {
-        int32_t n = (int32_t)(off[s + 1] - off[s]);
-        for (int64_t k = off[s]; k < off[s + 1]; k++) if ((uint32_t)tok[k] == eos) { n--; break; }
-        out->count[s] = n;
-    }
+    for (int64_t s = 0; s < n_states; s++) out->count[s] = (int32_t)(off[s + 1] - off[s] + (loop[s] ? n_plain : 0));
     if (vocab_size <= 0) return 0;
     int rc = -2;
     uint8_t *is_eos = calloc(vocab_size, 1);
-    uint32_t *words = calloc(width, sizeof *words);
+    uint32_t *words = calloc(width, sizeof *words), *plain_words = calloc(width, sizeof *plain_words);
     out->sp_kind = calloc(n_states + 1, 1);
     out->sp_off = malloc((n_states + 1) * sizeof *out->sp_off);
-    if (!is_eos || !words || !out->sp_kind || !out->sp_off) goto fail;
-    int64_t n_extra = 0;
+    if (!is_eos || !words || !plain_words || !out->sp_kind || !out->sp_off) goto fail;
+    int64_t n_extra = 0, plain_in = 0;
     for (int64_t i = 0; i < n_eos; i++)
         if (eos_ids[i] >= 0 && eos_ids[i] < vocab_size && !is_eos[eos_ids[i]]) { is_eos[eos_ids[i]] = 1; n_extra++; }
+    for (int64_t i = 0; i < n_plain; i++)
+        if (plain[i] >= 0 && plain[i] < vocab_size) {
+            plain_words[plain[i] >> 5] |= 1u << (plain[i] & 31);
+            plain_in++;
+        }
 
-    /* pass 1: the allowed count of every state, hence its kind and list length */
+    /* pass 1: the allowed count of every state, hence its kind and list length (a loop state's
+     * explicit tokens are never plain: the walk of its trie has none) */
     int64_t total = 0;
     out->sp_off[0] = 0;
     for (int64_t s = 0; s < n_states; s++) {
-        int64_t allowed = 0, eos_present = 0;
+        int64_t allowed = loop[s] ? plain_in : 0, eos_present = 0;
         for (int64_t k = off[s]; k < off[s + 1]; k++) {
             if (tok[k] < 0 || tok[k] >= vocab_size) continue;
             allowed++;
@@ -238,6 +194,7 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
     uint32_t tail = vocab_size % 32 ? (1u << (vocab_size % 32)) - 1 : 0xffffffffu; /* last word's tokens */
     for (int64_t s = 0; s < n_states; s++) {
         if (!out->sp_kind[s]) continue;
+        if (loop[s]) memcpy(words, plain_words, width * sizeof *words);
         for (int64_t k = off[s]; k < off[s + 1]; k++)
             if (tok[k] >= 0 && tok[k] < vocab_size) words[tok[k] >> 5] |= 1u << (tok[k] & 31);
         if (final[s])
@@ -255,10 +212,10 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
         memset(words, 0, width * sizeof *words);
     }
     out->n_sparse = total;
-    free(is_eos); free(words);
+    free(is_eos); free(words); free(plain_words);
     return 0;
 fail:
-    free(is_eos); free(words); free(out->sp_kind); free(out->sp_off);
+    free(is_eos); free(words); free(plain_words); free(out->sp_kind); free(out->sp_off);
     out->sp_kind = NULL; out->sp_off = NULL;
     return rc;
 }

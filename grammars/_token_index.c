@@ -4,21 +4,26 @@
  * vocabulary, ~1.3 s for one tool's unit on a 262k vocabulary. Here the DFA comes from outlines-core
  * itself, as the Index of `(R)\x02` over a vocabulary of the 256 single bytes (~2 ms; the sentinel
  * byte \x02 marks where R may end, see below), and each state's tokens come from one walk of the
- * token trie that prunes a branch at the first byte the DFA refuses: a state inside a JSON string
- * visits most of the trie, a state inside a key or a name a few nodes.
+ * token trie that prunes a branch at the first byte the DFA refuses.
+ *
+ * Loop states. Inside a JSON string almost every token stays in the string: a state to which every
+ * character of string content (strict UTF-8, all but `"`, `\`, U+0000-U+001F and U+007F-U+009F)
+ * leads back is a loop state, and every *plain* token (one spelling only such characters: 48,463 of
+ * SmolLM2's 49,135, 254,197 of Gemma 3's 255,823) surely leads from it to itself. Such a state's
+ * transitions are written as a flag plus its other tokens' transitions (found by walking a trie of
+ * the non-plain tokens alone), not as ~50k-260k pairs: the walk, the tables and the memory shrink
+ * by as much (grammars/unit_index.py reads the flag).
  *
  * Sentinel: R's accepting states are those with a \x02 edge into an accepting state of `(R)\x02`.
  * Every accepting state of `(R)\x02` must have no byte edge (else \x02 is part of R itself, and
  * token_index returns -4: the caller falls back to outlines-core). Those edges are then removed.
  *
- * The result is serialised as outlines-core serialises an Index (grammars/_varint.h), so
- * outlines_core.Index.from_binary reads it and the rest of maskd cannot tell the difference:
- *   initial, n_finals, finals..., n_states, (state, n_tokens, (token, next)...)..., eos, vocab_size
- * Final states carry (eos -> itself), as outlines-core's do. Unlike outlines-core 0.2.14, a token
- * leaving an accepting state for a non-accepting one is kept (`a(;b)*` accepts `a;b`).
+ * Output (token_index_t): states numbered in breadth-first order from the initial state (0); per
+ * state, final and loop flags and its explicit transitions (CSR, token ids ascending). No EOS
+ * transitions: a final state accepts EOS. Unlike outlines-core 0.2.14, a token leaving an accepting
+ * state for a non-accepting one is kept (`a(;b)*` accepts `a;b`).
  */
 #include "_varint.h"
-
 typedef struct {
     int64_t n_nodes;
     int32_t *child, *sibling; /* [n_nodes] first child, next sibling; -1: none */
@@ -74,10 +79,61 @@ int trie_build(const uint8_t *bytes, const int64_t *off, const int32_t *ids, int
     return 0;
 }
 
-/* 0 on success (*out: malloc'd bytes); -1 malformed input, -2 out of memory, -3 state ids too large,
- * -4 the sentinel is part of the regex. */
-int token_index(const trie_t *t, const uint8_t *buf, int64_t size, uint8_t sentinel, uint64_t eos,
-                uint64_t vocab_len, uint8_t **out, int64_t *out_len) {
+typedef struct {
+    int64_t n_states, n_trans;
+    uint8_t *final, *loop; /* [n_states] */
+    int64_t *off;          /* [n_states + 1] CSR offsets into tok / nxt */
+    int32_t *tok, *nxt;    /* [n_trans] token ids (ascending within a state) and next states */
+} token_index_t;
+
+void token_index_free(token_index_t *x) {
+    free(x->final); free(x->loop); free(x->off); free(x->tok); free(x->nxt);
+    memset(x, 0, sizeof *x);
+}
+
+/* Whether every string of k bytes 0x80-0xBF leads from q to s (memo[q * 4 + k]: -1 unknown). */
+static int tail_ok(const int32_t *table, int32_t q, int k, int32_t s, int8_t *memo) {
+    if (q < 0) return 0;
+    if (k == 0) return q == s;
+    int8_t *m = &memo[(int64_t)q * 4 + k];
+    if (*m < 0) {
+        int ok = 1;
+        for (int c = 0x80; c <= 0xbf && ok; c++) ok = tail_ok(table, table[(int64_t)q * 256 + c], k - 1, s, memo);
+        *m = (int8_t)ok;
+    }
+    return *m;
+}
+
+/* Whether every character of JSON string content leads from s back to s (see the top). */
+static int loops(const int32_t *table, int64_t n, int32_t s, int8_t *memo) {
+    const int32_t *row = table + (int64_t)s * 256;
+    for (int b = 0x20; b < 0x7f; b++)
+        if (b != '"' && b != '\\' && row[b] != s) return 0;
+    memset(memo, 0xff, (size_t)n * 4);
+    for (int b = 0xc2; b <= 0xf4; b++) { /* strict UTF-8 lead bytes and their first continuation's range */
+        int k = b < 0xe0 ? 1 : b < 0xf0 ? 2 : 3, lo = 0x80, hi = 0xbf;
+        if (b == 0xc2 || b == 0xe0) lo = 0xa0; /* C2 80-9F: U+0080-U+009F, not string content */
+        else if (b == 0xed) hi = 0x9f;
+        else if (b == 0xf0) lo = 0x90;
+        else if (b == 0xf4) hi = 0x8f;
+        int32_t q = row[b];
+        if (q < 0) return 0;
+        for (int c = lo; c <= hi; c++)
+            if (!tail_ok(table, table[(int64_t)q * 256 + c], k - 1, s, memo)) return 0;
+    }
+    return 1;
+}
+
+static int by_token(const void *a, const void *b) {
+    int32_t x = ((const int32_t *)a)[0], y = ((const int32_t *)b)[0];
+    return (x > y) - (x < y);
+}
+
+/* 0 on success; -1 malformed input, -2 out of memory, -3 state ids too large, -4 the sentinel is
+ * part of the regex. `full`: every text token; `other`: the non-plain ones (walked from loop states). */
+int token_index(const trie_t *full, const trie_t *other, const uint8_t *buf, int64_t size, uint8_t sentinel,
+                token_index_t *out) {
+    memset(out, 0, sizeof *out);
     reader_t r = {buf, buf + size, 0};
     uint64_t initial = rd(&r), n_finals = rd(&r);
     const uint8_t *finals_at = r.p;
@@ -95,20 +151,23 @@ int token_index(const trie_t *t, const uint8_t *buf, int64_t size, uint8_t senti
     if (max_id > 0x7fffffffULL) return -3;
 
     int rc = -2;
+    int64_t nodes = full->n_nodes > other->n_nodes ? full->n_nodes : other->n_nodes;
     int32_t *dense = malloc((max_id + 1) * sizeof *dense), *table = malloc(n * 256 * sizeof *table);
-    uint32_t *keys = malloc(n * sizeof *keys);
-    uint8_t *accepting = calloc(n, 1), *final = calloc(n, 1);
-    int32_t *seen = malloc(n * sizeof *seen), *queue = malloc(n * sizeof *queue);
-    int32_t *stack_node = malloc(t->n_nodes * sizeof *stack_node), *stack_state = malloc(t->n_nodes * sizeof *stack_state);
-    writer_t body = {0}, head = {0}, row = {0};
-    if (!dense || !table || !keys || !accepting || !final || !seen || !queue || !stack_node || !stack_state) goto done;
+    uint8_t *accepting = calloc(n, 1), *final = calloc(n, 1), *loop = calloc(n, 1);
+    int8_t *memo = malloc(n * 4);
+    int32_t *number = malloc(n * sizeof *number), *queue = malloc(n * sizeof *queue);
+    int32_t *stack_node = malloc(nodes * sizeof *stack_node), *stack_state = malloc(nodes * sizeof *stack_state);
+    int64_t cap = 1 << 16, n_trans = 0;
+    int32_t *pairs = malloc(2 * cap * sizeof *pairs); /* (token, DFA state) pairs, then (token, number) */
+    out->off = malloc((n + 1) * sizeof *out->off);
+    if (!dense || !table || !accepting || !final || !loop || !memo || !number || !queue || !stack_node
+        || !stack_state || !pairs || !out->off) goto done;
     memset(dense, 0xff, (max_id + 1) * sizeof *dense);
     memset(table, 0xff, n * 256 * sizeof *table);
-    memset(seen, 0xff, n * sizeof *seen);
+    memset(number, 0xff, n * sizeof *number);
     r.p = states_at;
     for (uint64_t s = 0; s < n; s++) { /* the key order first: next states may come later */
         uint64_t key = rd(&r), m = rd(&r);
-        keys[s] = (uint32_t)key;
         dense[key] = (int32_t)s;
         for (uint64_t j = 0; j < 2 * m; j++) rd(&r);
     }
@@ -140,59 +199,59 @@ int token_index(const trie_t *t, const uint8_t *buf, int64_t size, uint8_t senti
 
     /* breadth-first over the states tokens reach, each state's tokens from one pruned trie walk */
     rc = -2;
-    int64_t head_q = 0, tail_q = 0, n_out = 0, n_final = 0;
+    int64_t head_q = 0, tail_q = 0;
     if (initial > max_id || dense[initial] < 0) { rc = -1; goto done; }
-    seen[dense[initial]] = 1;
+    number[dense[initial]] = 0;
     queue[tail_q++] = dense[initial];
+    out->off[0] = 0;
     while (head_q < tail_q) {
         int32_t s = queue[head_q++];
-        int64_t top = 0, pairs = 0;
-        row.len = 0;
+        loop[s] = (uint8_t)loops(table, (int64_t)n, s, memo);
+        const trie_t *t = loop[s] ? other : full;
+        int64_t top = 0, start = n_trans;
         for (int32_t c = t->child[0]; c >= 0; c = t->sibling[c]) {
             int32_t x = table[s * 256 + t->byte[c]];
             if (x >= 0) { stack_node[top] = c; stack_state[top++] = x; }
         }
         while (top > 0) {
             int32_t node = stack_node[--top], x = stack_state[top];
-            for (int32_t k = 0; k < t->tok_n[node]; k++) {
-                wr(&row, (uint64_t)t->ids[t->tok_at[node] + k]);
-                wr(&row, keys[x]);
-                pairs++;
+            if (t->tok_n[node]) {
+                if (number[x] < 0) { number[x] = (int32_t)tail_q; queue[tail_q++] = x; }
+                if (n_trans + t->tok_n[node] > cap) {
+                    while (n_trans + t->tok_n[node] > cap) cap *= 2;
+                    int32_t *grown = realloc(pairs, 2 * cap * sizeof *pairs);
+                    if (!grown) goto done;
+                    pairs = grown;
+                }
+                for (int32_t k = 0; k < t->tok_n[node]; k++) {
+                    pairs[2 * n_trans] = t->ids[t->tok_at[node] + k];
+                    pairs[2 * n_trans++ + 1] = number[x];
+                }
             }
-            if (t->tok_n[node] && seen[x] < 0) { seen[x] = 1; queue[tail_q++] = x; }
             for (int32_t c = t->child[node]; c >= 0; c = t->sibling[c]) {
-                int32_t y = table[x * 256 + t->byte[c]];
+                int32_t y = table[(int64_t)x * 256 + t->byte[c]];
                 if (y >= 0) { stack_node[top] = c; stack_state[top++] = y; }
             }
         }
-        if (final[s]) { wr(&row, eos); wr(&row, keys[s]); pairs++; n_final++; }
-        wr(&body, keys[s]);
-        wr(&body, (uint64_t)pairs);
-        if (row.err || body.err) goto done;
-        wr_raw(&body, row.p, row.len);
-        n_out++;
+        qsort(pairs + 2 * start, (size_t)(n_trans - start), 2 * sizeof *pairs, by_token);
+        out->off[head_q] = n_trans;
     }
-    wr(&head, keys[dense[initial]]);
-    wr(&head, (uint64_t)n_final);
-    for (int64_t i = 0; i < tail_q; i++)
-        if (final[queue[i]]) wr(&head, keys[queue[i]]);
-    wr(&head, (uint64_t)n_out);
-    wr(&body, eos);
-    wr(&body, vocab_len);
-    if (head.err || body.err) goto done;
-    *out = malloc(head.len + body.len);
-    if (!*out) goto done;
-    memcpy(*out, head.p, head.len);
-    memcpy(*out + head.len, body.p, body.len);
-    *out_len = head.len + body.len;
+    out->n_states = tail_q;
+    out->n_trans = n_trans;
+    out->final = malloc(tail_q + 1);
+    out->loop = malloc(tail_q + 1);
+    out->tok = malloc((n_trans + 1) * sizeof *out->tok);
+    out->nxt = malloc((n_trans + 1) * sizeof *out->nxt);
+    if (!out->final || !out->loop || !out->tok || !out->nxt) goto done;
+    for (int64_t i = 0; i < tail_q; i++) { out->final[i] = final[queue[i]]; out->loop[i] = loop[queue[i]]; }
+    for (int64_t k = 0; k < n_trans; k++) { out->tok[k] = pairs[2 * k]; out->nxt[k] = pairs[2 * k + 1]; }
     rc = 0;
 done:
-    free(dense); free(table); free(keys); free(accepting); free(final); free(seen); free(queue);
-    free(stack_node); free(stack_state); free(body.p); free(head.p); free(row.p);
+    free(dense); free(table); free(accepting); free(final); free(loop); free(memo); free(number); free(queue);
+    free(stack_node); free(stack_state); free(pairs);
+    if (rc) token_index_free(out);
     return rc;
 }
-
-void token_index_free(uint8_t *p) { free(p); }
 
 /* best[k] for k in [0, n]: the fewest tokens spelling text[k:] (UNSPLIT = 1 << 30 where none does);
  * a `hole` byte is one token of its own (the JSON-value automaton's value) and no token spans it. */

@@ -1,7 +1,8 @@
 """Token budgets: how few tokens each state of a compiled grammar needs to reach acceptance.
 
-``BudgetTable`` holds, for every state of an outlines-core index, ``distance`` (the fewest tokens
-that reach a final state: a BFS backwards from the finals over the token-level transitions). With
+``BudgetTable`` holds, for every state of a unit's TokenIndex (grammars/unit_index.py), ``distance``
+(the fewest tokens that reach a final state: a BFS backwards from the finals over the token-level
+transitions). With
 ``n`` tokens left after the current one, a token is allowed iff the state it leads to has distance
 <= n. To build that mask without walking every token, the table also keeps per state ``far`` (the
 farthest successor's distance: n >= far rules nothing out), ``mode`` (the most common successor
@@ -16,11 +17,10 @@ later one, needs no bitmask (CompiledGrammar.state_sparse_mask). A grammar whose
 exceed ``SPARSE_IDS_CAP`` ids keeps none (its states are then masked lazily).
 
 The table is built once per grammar at compile time (in the compile worker) and cached with it.
-Reading 20M transitions through ``Index.get_transitions()`` takes seconds and gigabytes of Python
-objects, so the table is computed by a small C routine (``_index_table.c``) straight from the
-index's serialised form; it is compiled with the system C compiler on first use and cached. Where
-no compiler is available, a pure-Python path over ``get_transitions()`` gives the same table,
-slowly.
+The table is computed by a small C routine (``_index_table.c``) straight from the index's arrays
+(grammars/unit_index.py), a loop state's plain tokens counted without being listed; it is compiled
+with the system C compiler on first use and cached. Where no compiler is available, a pure-Python
+path over ``get_transitions()`` gives the same table, slowly.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections import Counter, deque
 import numpy as np
 
 from grammars import native
+from grammars.native import copied
 
 log = logging.getLogger("maskd.grammars")
 
@@ -57,7 +58,7 @@ class BudgetTable:
         self.odd_off = np.asarray(odd_off, dtype=np.int64)  # [S + 1]
         self.odd_tok = np.asarray(odd_tok, dtype=np.int32)  # [T] successor distance != mode
         self.odd_dist = np.asarray(odd_dist, dtype=np.int32)  # [T]
-        # [S] tokens other than the index's EOS (CompiledGrammar._build's count), or None
+        # [S] the state's tokens, EOS not counted (CompiledGrammar._build's count), or None
         self.count = None if count is None else np.asarray(count, dtype=np.int32)
         # (vocab_size, kind int8 [S], off int32 [S + 1], ids int32 [N]), or None: masks built lazily
         self.sparse = None
@@ -93,7 +94,7 @@ class BudgetTable:
         return "only", tokens[dist <= limit]
 
     def state_count(self, state: int) -> int | None:
-        """The state's tokens other than the index's EOS (None: not stored, or not a state here)."""
+        """The state's tokens, EOS not counted (None: not stored, or not a state here)."""
         i = self._dense.get(state)
         return None if i is None or self.count is None else int(self.count[i])
 
@@ -108,7 +109,7 @@ class BudgetTable:
 
 
 def build_budget_table(index, vocab_size: int | None = None, eos_ids=(), ids_cap: int = SPARSE_IDS_CAP) -> BudgetTable:
-    """The BudgetTable of an ``outlines_core.Index`` (C path, or the slow Python path).
+    """The BudgetTable of a TokenIndex (grammars/unit_index.py; C path, or the slow Python path).
 
     ``vocab_size`` (the logits width) and ``eos_ids`` (every EOS id, allowed in final states):
     also store each state's sparse mask, if they total at most ``ids_cap`` ids.
@@ -116,11 +117,17 @@ def build_budget_table(index, vocab_size: int | None = None, eos_ids=(), ids_cap
     library = _library()
     if library is None:
         return budget_table_from_transitions(index, vocab_size, eos_ids, ids_cap)
-    blob = index.__reduce__()[1][0]  # bincode bytes, as pickle would write them
     eos = np.array(sorted(set(eos_ids)), dtype=np.int32)
+    plain = index.plain.ids if index.plain is not None else np.zeros(0, dtype=np.int32)
+    if index.loop.any() and index.plain is None:
+        raise ValueError("an index with loop states needs its vocabulary's plain tokens (TokenIndex.attach)")
     table = _Table()
-    rc = library.index_table(blob, len(blob), vocab_size or 0, eos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                             len(eos), ALLOWED_MAX, DISALLOWED_MAX, ids_cap, ctypes.byref(table))
+    arrays = [np.ascontiguousarray(a) for a in (index.off, index.tok, index.nxt, index.final, index.loop, plain, eos)]
+    off, tok, nxt, final, loop, plain, eos = arrays  # held here while the C routine reads them
+    rc = library.index_table(index.n_states, *(a.ctypes.data_as(ctypes.c_void_p) for a in (off, tok, nxt, final, loop,
+                                                                                          plain)),
+                             len(plain), vocab_size or 0, eos.ctypes.data_as(ctypes.c_void_p), len(eos), ALLOWED_MAX,
+                             DISALLOWED_MAX, ids_cap, ctypes.byref(table))
     if rc != 0:
         log.warning("index_table failed (%d); using the Python path", rc)
         return budget_table_from_transitions(index, vocab_size, eos_ids, ids_cap)
@@ -128,13 +135,13 @@ def build_budget_table(index, vocab_size: int | None = None, eos_ids=(), ids_cap
         s, t, n = table.n_states, table.n_odd, table.n_sparse
         sparse = None
         if n >= 0:
-            sparse = (vocab_size, _copy(table.sp_kind, s, np.int8), _copy(table.sp_off, s + 1, np.int32),
-                      _copy(table.sp_ids, n, np.int32))
+            sparse = (vocab_size, copied(table.sp_kind, s, np.int8), copied(table.sp_off, s + 1, np.int32),
+                      copied(table.sp_ids, n, np.int32))
         return BudgetTable(
-            _copy(table.keys, s, np.uint32), _copy(table.dist, s, np.int32), _copy(table.far, s, np.int32),
-            _copy(table.mode, s, np.int32), _copy(table.odd_off, s + 1, np.int64),
-            _copy(table.odd_tok, t, np.int32), _copy(table.odd_dist, t, np.int32),
-            _copy(table.count, s, np.int32), sparse)
+            copied(table.keys, s, np.uint32), copied(table.dist, s, np.int32), copied(table.far, s, np.int32),
+            copied(table.mode, s, np.int32), copied(table.odd_off, s + 1, np.int64),
+            copied(table.odd_tok, t, np.int32), copied(table.odd_dist, t, np.int32),
+            copied(table.count, s, np.int32), sparse)
     finally:
         library.index_table_free(ctypes.byref(table))
 
@@ -173,9 +180,7 @@ def budget_table_from_transitions(index, vocab_size: int | None = None, eos_ids=
                 tok.append(t)
                 dist.append(d)
         off.append(len(tok))
-    count = None
-    if eos_ids:  # the index's own EOS: the smallest, as TokenVocabulary builds it
-        count = [len(row) - (min(eos_ids) in row) for row in transitions.values()]
+    count = [len(row) for row in transitions.values()] if eos_ids else None
     sparse = None
     if vocab_size:
         sparse = _sparse_forms(transitions, set(index.get_final_states()), vocab_size, eos_ids, ids_cap)
@@ -212,7 +217,6 @@ def _sparse_forms(transitions, finals, vocab_size: int, eos_ids, ids_cap: int):
 class _Table(ctypes.Structure):
     _fields_ = [
         ("n_states", ctypes.c_int64), ("n_trans", ctypes.c_int64), ("n_odd", ctypes.c_int64),
-        ("initial", ctypes.c_uint32),
         ("keys", ctypes.POINTER(ctypes.c_uint32)), ("dist", ctypes.POINTER(ctypes.c_int32)),
         ("far", ctypes.POINTER(ctypes.c_int32)), ("mode", ctypes.POINTER(ctypes.c_int32)),
         ("odd_off", ctypes.POINTER(ctypes.c_int64)), ("odd_tok", ctypes.POINTER(ctypes.c_int32)),
@@ -223,12 +227,6 @@ class _Table(ctypes.Structure):
     ]
 
 
-def _copy(pointer, n: int, dtype) -> np.ndarray:
-    if n == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.ctypeslib.as_array(pointer, shape=(n,)).astype(dtype, copy=True)
-
-
 _DECLARED: list = []
 
 
@@ -236,9 +234,8 @@ def _library():
     """The C library with index_table declared, or None (grammars/native.py)."""
     library = native.library()
     if library is not None and not _DECLARED:
-        library.index_table.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int32),
-                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                        ctypes.POINTER(_Table)]
+        library.index_table.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 6 + [
+            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.POINTER(_Table)]
         library.index_table.restype = ctypes.c_int
         library.index_table_free.argtypes = [ctypes.POINTER(_Table)]
         library.index_table_free.restype = None

@@ -29,9 +29,9 @@ def _libraries(*names: str) -> list[str]:
 
 # A compiled unit (grammars/compiler.py): the libraries grammars are built with (interegular too: a
 # regex's character automaton), the unit file's format and the code that builds the index and table.
-UNIT_VERSION = "/".join(["maskd-units-3", *_libraries("outlines-core", "interegular", "numpy"),
+UNIT_VERSION = "/".join(["maskd-units-4", *_libraries("outlines-core", "interegular", "numpy"),
                          "src-" + sources_digest("_index_table.c", "_token_index.c", "_varint.h", "budget.py", "token_index.py",
-                                                "compile_worker.py", "unit_file.py")])
+                                                "compile_worker.py", "unit_file.py", "unit_index.py", "plain_tokens.py")])
 
 # The JSON-value automaton's tables (grammars/json_value.py): maskd's own lexer and table builder.
 JSON_VALUE_VERSION = "/".join(["maskd-json-value-1", *_libraries("numpy"),

@@ -1,4 +1,4 @@
-"""CompileWorker: a child process that builds outlines-core indexes, killable on timeout.
+"""CompileWorker: a child process that builds token indexes, killable on timeout.
 
 A Python thread cannot be stopped, and although outlines-core releases the GIL while
 it builds an index (measured: the caller keeps running), a runaway compile in a thread
@@ -6,8 +6,8 @@ would keep burning a core and memory forever.  So compiles run in a child proces
 (``python -c`` running ``serve()``; a plain subprocess rather than multiprocessing's
 spawn, which would re-import the caller's ``__main__``): on timeout the child is killed
 and a fresh one started.  The child also builds the grammar's BudgetTable (distances, and each
-state's sparse mask for the CPU apply; grammars/budget.py).  Frames on the pipes are an 8-byte length plus a pickle; the
-index comes back in outlines-core's pickled (binary) form, ~1 ms per MB.
+state's sparse mask for the CPU apply; grammars/budget.py).  Frames on the pipes are an 8-byte length
+plus a pickle; a TokenIndex comes back as its arrays.
 
 This module imports only the standard library, outlines_core and numpy (no torch), so the
 child starts in well under a second.
@@ -64,13 +64,15 @@ def serve() -> None:  # runs in the child
     inp = sys.stdin.buffer.fileno()
     vocabulary = _read(inp, None)
     from grammars.budget import _library, build_budget_table
+    from grammars.plain_tokens import PlainTokens
     from grammars.token_index import TokenTrie
+    from grammars.unit_index import from_outlines
 
     _library()  # numpy and the C routines (compiled on first use) load before "ready"
     trie = None
-    if isinstance(vocabulary, tuple):  # (outlines-core Vocabulary, token id -> bytes): indexes by trie walk
-        vocabulary, token_bytes = vocabulary
-        trie = TokenTrie(token_bytes, vocabulary.get_eos_token_id(), len(vocabulary))
+    if isinstance(vocabulary, tuple):  # (Vocabulary, token id -> bytes, logits width): TokenIndex by trie walk
+        vocabulary, token_bytes, size = vocabulary
+        trie = TokenTrie(token_bytes, PlainTokens(token_bytes, size))
     _write(out, ("ready", None))
     from grammars.errors import UnsupportedSchemaError
     from grammars.json_schema import schema_to_regex
@@ -85,9 +87,13 @@ def serve() -> None:  # runs in the child
                 _write(out, ("ok", schema_to_regex(job[1], ignore_keywords=job[2], free_values=job[3])))
                 continue
             _, regex, with_table, vocab_size, eos_ids = job
-            index = trie.index(regex) if trie is not None else None
-            if index is None:  # no C library, or the regex holds the trie walk's sentinel byte
+            if trie is None:  # a bare Vocabulary: outlines-core's own Index
                 index = outlines_core.Index(regex, vocabulary)
+            else:
+                index = trie.index(regex)
+                if index is None:  # no C library, or the regex holds the trie walk's sentinel byte
+                    index = from_outlines(outlines_core.Index(regex, vocabulary), vocabulary.get_eos_token_id())
+                    index.attach(trie.plain)
             if with_table:
                 index = (index, build_budget_table(index, vocab_size, eos_ids))
             _write(out, ("ok", index))
@@ -100,11 +106,12 @@ def serve() -> None:  # runs in the child
 
 
 class CompileWorker:
-    """One child process holding the vocabulary; ``build(regex, timeout_s)`` -> Index.
+    """One child process holding the vocabulary; ``build(regex, timeout_s)`` -> index.
 
-    ``vocabulary_blob``: a pickled outlines-core Vocabulary, or (Vocabulary, token id -> bytes), with
-    which the child builds indexes by walking a token trie (grammars/token_index.py), not outlines-core's
-    walk of every token from every state.
+    ``vocabulary_blob``: a pickled outlines-core Vocabulary (the child builds outlines-core Indexes), or
+    (Vocabulary, token id -> bytes, logits width), with which it builds TokenIndexes
+    (grammars/unit_index.py) by walking a token trie (grammars/token_index.py), not outlines-core's walk
+    of every token from every state; they arrive without their plain tokens (TokenIndex.attach).
 
     ``vocab_size`` (logits width) and ``eos_ids``: budget tables also hold each state's sparse mask.
     """
@@ -129,7 +136,7 @@ class CompileWorker:
     def build(self, regex: str, timeout_s: float, with_table: bool = False):
         """Compile ``regex`` in the child; kill it and raise CompileTimeout past the limit.
 
-        Returns the Index, or (Index, BudgetTable) with ``with_table`` (grammars/budget.py).
+        Returns the index, or (TokenIndex, BudgetTable) with ``with_table`` (grammars/budget.py).
         """
         status, payload = self._run(("index", regex, with_table, *self._table_args), timeout_s, "grammar")
         if status != "ok":

@@ -2,8 +2,8 @@
 
 Shared by every request using the same grammar.  Per-state allowed-token bitmasks are
 memoised here on first use (one int32 row of ceil(size/32) words per visited state),
-so a matcher's fill is one 6 KB copy instead of outlines-core's per-call walk over
-the allowed-token list (measured 54 us on a 49k vocabulary inside a JSON string).
+so a matcher's fill is one 6 KB copy; a loop state's row is a copy of the vocabulary's plain
+tokens plus its few listed ones (grammars/unit_index.py).
 Under a token budget, masks of (state, tokens left) come from the grammar's BudgetTable
 (grammars/budget.py), memoised the same way.
 The CPU apply skips the bitmask with the state's SparseMask (its allowed or its banned token
@@ -16,12 +16,13 @@ visit instead).
 from __future__ import annotations
 
 import numpy as np
-import outlines_core
 import torch
 
 from grammars.budget import ALLOWED, NONE, BudgetTable, build_budget_table
 from grammars.free_values import HOLE_REGEX
+from grammars.plain_tokens import plain_tokens
 from grammars.sparse_mask import SparseMask, sparse_mask
+from grammars.unit_index import IndexCursor, TokenIndex
 from grammars.vocabulary import TokenVocabulary
 
 NO_TOKEN = -1
@@ -35,10 +36,10 @@ class CompiledGrammar:
                  "_count", "_budget_masks", "nothing_allowed", "approx_bytes", "_holes")
 
     def __init__(
-        self, index: outlines_core.Index, regex: str, vocabulary: TokenVocabulary, key: str,
+        self, index: TokenIndex, regex: str, vocabulary: TokenVocabulary, key: str,
         budget: BudgetTable | None = None,
     ) -> None:
-        self.index = index
+        self.index = index.attach(plain_tokens(vocabulary))
         if budget is None:
             budget = build_budget_table(index, vocabulary.size, vocabulary.eos_token_ids)
         self.budget = budget
@@ -48,7 +49,7 @@ class CompiledGrammar:
         self.width = (vocabulary.size + 31) // 32
         self._masks: dict[int, torch.Tensor] = {}  # state -> int32 [width]
         self._sparse: dict[int, object] = _stored_sparse_masks(budget, vocabulary.size)  # state -> SparseMask | None | _SEEN_ONCE
-        self.approx_bytes = _approx_bytes(budget)
+        self.approx_bytes = index.nbytes + _approx_bytes(budget)
         self._single: dict[int, int] = {}  # state -> the only allowed token (not final), or -1
         self._count: dict[int, int] = {}  # state -> number of allowed non-EOS tokens
         self._budget_masks: dict[tuple[int, int], torch.Tensor | None] = {}  # (state, limit) -> mask
@@ -92,7 +93,7 @@ class CompiledGrammar:
             from grammars.json_value import json_value_automaton
 
             tables = HoleTables(self, json_value_automaton(self.vocabulary))
-            tables.prepare(self.budget.keys.tolist())
+            tables.prepare()
             self._holes.append(tables)
         return self._holes[0]
 
@@ -107,7 +108,7 @@ class CompiledGrammar:
         """Fewest tokens from ``state`` to a complete match (EOS not counted)."""
         return self.budget.distance_of(state)
 
-    def budget_mask(self, guide: outlines_core.Guide, limit: int) -> torch.Tensor | None:
+    def budget_mask(self, guide: IndexCursor, limit: int) -> torch.Tensor | None:
         """int32 [width] mask of the tokens after which a complete match is at most ``limit`` tokens
         away, or None when that rules out nothing in ``guide``'s state (memoised per state, limit)."""
         state = guide.get_state()
@@ -129,7 +130,7 @@ class CompiledGrammar:
         self._budget_masks[key] = mask
         return mask
 
-    def state_mask(self, guide: outlines_core.Guide) -> torch.Tensor:
+    def state_mask(self, guide: IndexCursor) -> torch.Tensor:
         """int32 [width] bitmask of the tokens allowed in ``guide``'s state (memoised)."""
         mask = self._masks.get(guide.get_state())
         if mask is None:
@@ -143,15 +144,15 @@ class CompiledGrammar:
         if mask is None:
             with torch.inference_mode(False):
                 words = np.zeros(self.width, dtype=np.uint32)
-                ids = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
+                self.index.fill_words(state, words)
                 if self.index.is_final_state(state):
-                    ids = np.concatenate([ids, np.asarray(sorted(self.vocabulary.eos_token_ids), dtype=np.int64)])
-                ids = ids[ids < self.vocabulary.size]
-                np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+                    for eos_id in self.vocabulary.eos_token_ids:
+                        if eos_id < self.vocabulary.size:
+                            words[eos_id >> 5] |= np.uint32(1 << (eos_id & 31))
                 mask = self._masks.setdefault(state, torch.from_numpy(words.view(np.int32)))
         return mask
 
-    def state_sparse_mask(self, guide: outlines_core.Guide) -> SparseMask | None:
+    def state_sparse_mask(self, guide: IndexCursor) -> SparseMask | None:
         """The SparseMask of ``guide``'s state (same tokens as ``state_mask``), or None: mid-sized,
         or (without stored forms) asked for the first time.
 
@@ -177,7 +178,7 @@ class CompiledGrammar:
             self._sparse[state] = sparse
         return sparse
 
-    def single_token(self, guide: outlines_core.Guide) -> int:
+    def single_token(self, guide: IndexCursor) -> int:
         """The only allowed token in ``guide``'s state if exactly one (EOS counts), else -1."""
         single = self._single.get(guide.get_state())
         if single is None:
@@ -185,7 +186,7 @@ class CompiledGrammar:
             single = self._single[guide.get_state()]
         return single
 
-    def allowed_count(self, guide: outlines_core.Guide) -> int:
+    def allowed_count(self, guide: IndexCursor) -> int:
         """Number of tokens allowed in ``guide``'s state, EOS not counted."""
         count = self._count.get(guide.get_state())
         if count is None:
@@ -193,7 +194,7 @@ class CompiledGrammar:
             count = self._count[guide.get_state()]
         return count
 
-    def _summarise(self, guide: outlines_core.Guide) -> None:
+    def _summarise(self, guide: IndexCursor) -> None:
         """Memoise the state's count and single token: from the budget table's stored count and
         sparse ids when it has them (no mask written), else from the state's row (``_build``)."""
         state = guide.get_state()
@@ -210,15 +211,13 @@ class CompiledGrammar:
         self._count[state] = count
         self._single[state] = int(ids[0]) if count == 1 and not final else NO_TOKEN
 
-    def _build(self, guide: outlines_core.Guide) -> torch.Tensor:
-        """Memoise the state's mask; outlines-core writes it (~50-80 us, once per state)."""
+    def _build(self, guide: IndexCursor) -> torch.Tensor:
+        """Memoise the state's mask (once per state)."""
         state, vocab = guide.get_state(), self.vocabulary
         mask = torch.zeros(self.width, dtype=torch.int32)  # [width]
-        guide.write_mask_into(mask.data_ptr(), mask.numel(), mask.element_size())
         words = mask.numpy().view(np.uint32)  # shares memory with mask
-        eos = vocab.eos_token_id
-        primary_eos_set = bool(words[eos >> 5] >> np.uint32(eos & 31) & np.uint32(1))
-        count = int(np.bitwise_count(words).sum()) - int(primary_eos_set)
+        self.index.fill_words(state, words)
+        count = int(np.bitwise_count(words).sum())
         final = self.index.is_final_state(state)
         if final:
             for eos_id in vocab.eos_token_ids:
@@ -247,15 +246,9 @@ def _stored_sparse_masks(budget: BudgetTable, vocab_size: int) -> dict[int, Spar
                                             off[1:].tolist())}
 
 
-# outlines-core's Index holds its transitions in nested hash maps: ~12 bytes each, measured (RSS
-# growth on loading BFCL grammars of 6.5M transitions: 77-84 MB).
-_INDEX_BYTES_PER_TRANSITION = 12
-
-
 def _approx_bytes(budget: BudgetTable) -> int:
-    """Memory the grammar holds at creation: its index (from the table's transition counts), the
-    table's arrays and the int64 copy of the stored sparse ids.  Per-state memos come on top."""
-    transitions = int(budget.count.sum()) if budget.count is not None else 0
+    """Memory the grammar's table holds at creation: its arrays and the int64 copy of the stored
+    sparse ids (the index's arrays and the per-state memos come on top)."""
     arrays = [budget.keys, budget.distance, budget.far, budget.mode, budget.odd_off, budget.odd_tok,
               budget.odd_dist]
     if budget.count is not None:
@@ -263,4 +256,4 @@ def _approx_bytes(budget: BudgetTable) -> int:
     if budget.sparse is not None:
         arrays.extend(budget.sparse[1:])
     ids64 = 8 * len(budget.sparse[3]) if budget.sparse is not None else 0
-    return _INDEX_BYTES_PER_TRANSITION * transitions + sum(a.nbytes for a in arrays) + ids64
+    return sum(a.nbytes for a in arrays) + ids64

@@ -4,7 +4,7 @@ Cache key: sha256 of CACHE_VERSION (the versions of outlines-core, interegular a
 maskd's code that builds a unit: grammars/cache_version.py), the vocabulary fingerprint and the
 regex.  The memory cache is an LRU of CompiledGrammar objects bounded in entries and in bytes (a
 hit is a dict lookup, ~1 us; the biggest BFCL grammars hold 80-250 MB each); the disk cache, in a
-folder of this user's alone (private_dir.py), holds each unit's outlines-core Index and BudgetTable
+folder of this user's alone (private_dir.py), holds each unit's TokenIndex and BudgetTable
 as plain arrays, never a pickle (``<cache_dir>/<key>.unit.npz``, grammars/unit_file.py; a 16 MB
 entry loads in ~0.1 s, 1.3x the pickle it replaced).
 Misses are compiled in a pool of CompileWorker child processes (one per core by default) with a
@@ -86,7 +86,7 @@ class GrammarCompiler:
         self._schema_regex: OrderedDict[tuple, str] = OrderedDict()  # (schema, ignored, free values) -> regex
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Lock] = {}
-        blob = pickle.dumps((vocabulary.outlines, vocabulary.token_bytes))  # workers index by trie walk
+        blob = pickle.dumps((vocabulary.outlines, vocabulary.token_bytes, vocabulary.size))  # trie walks
         workers = default_workers() if workers is None else max(1, workers)
         self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(workers)]
         # threads that each wait for an idle worker: compiles queue here, memory hits never do

@@ -95,22 +95,24 @@ class HoleTables:
         self.size = vocabulary.size
         self._memo: dict[tuple, object] = {}  # idempotent entries: a race computes one twice
         self._edges: dict[int, dict[int, int]] = {}  # unit state -> {byte: next state}
+        self._holes: dict[int, int] = {}  # unit state where a value starts -> the state after it
         self._near: set[int] = set()  # unit states within _NEAR bytes of a hole
 
     # -- the unit's side ------------------------------------------------------------------------------
     def hole_after(self, state: int) -> int | None:
         """The unit's state after a value that starts at ``state`` (None: no value starts there)."""
-        return self.index.get_next_state(state, self.sentinel)
+        return self._holes.get(state)
 
     def is_hole(self, state: int) -> bool:
         return self.hole_after(state) is not None
 
-    def prepare(self, states) -> None:
+    def prepare(self) -> None:
         """Once per grammar, off the decoding path (the compile thread calls it): the one-byte edges of
         every unit state, which states lie within _NEAR bytes of a hole, and their entering tokens."""
-        edges = {state: {b: n for b, t in self.byte_ids.items()
-                         if b != HOLE_BYTE and (n := self.index.get_next_state(state, t)) is not None}
-                 for state in states}
+        states = range(self.index.n_states)
+        edges = self.index.successors({t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE})
+        self._holes = {state: n for state, out in self.index.successors({self.sentinel: 0}).items()
+                       for n in out.values()}
         into: dict[int, set[int]] = {}  # state -> the states with a one-byte edge into it
         for state, out in edges.items():
             for following in out.values():
@@ -208,10 +210,9 @@ class HoleTables:
                 return steps, ("value", hole, state)
             if pos == len(data):
                 return steps, ("unit", unit_state)
-            token = self.byte_ids.get(data[pos]) if data[pos] != HOLE_BYTE else None
-            following = None if token is None else self.index.get_next_state(unit_state, token)
+            following = self._edges[unit_state].get(data[pos])  # HOLE_BYTE has no edge
             if following is not None:
-                steps.append(token)
+                steps.append(self.byte_ids[data[pos]])
                 unit_state, pos = following, pos + 1
             elif self.hole_after(unit_state) is not None:  # a value starts here
                 hole, value_state = unit_state, (VALUE, ())

@@ -6,8 +6,8 @@ tokens after which the match can still complete in time), ``sparse_mask`` gives
 the same tokens as the state's SparseMask without a fill (for the CPU apply; None where a budget
 narrows the mask), ``advance`` consumes a sampled token, ``forced`` lists tokens that must
 come next, ``rollback`` undoes steps.
-The state lives in an ``outlines_core.Guide`` (advance + rollback ~0.2 us), which also
-writes a state's mask the first time any request of the grammar reaches it.
+The state lives in an IndexCursor over the grammar's TokenIndex (grammars/unit_index.py): a list
+of the states passed, so a rollback is a cut.
 
 ``forced()`` is token-level: it follows the chain of states in which exactly one token
 is allowed.  (Character-level jump-forward over interegular's automaton is the design's
@@ -16,12 +16,12 @@ next step; it finds forced text that spans many tokenizations.)
 
 from __future__ import annotations
 
-import outlines_core
 import torch
 
 from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
 from grammars.errors import GrammarError
 from grammars.sparse_mask import SparseMask
+from grammars.unit_index import IndexCursor
 
 _FORCED_LIMIT = 256
 
@@ -34,7 +34,7 @@ class Matcher:
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 4096) -> None:
         self.grammar = grammar
         # headroom so forced() can walk ahead and come back
-        self._guide = outlines_core.Guide(grammar.index, max_rollback=max_rollback + _FORCED_LIMIT)
+        self._guide = IndexCursor(grammar.index, max_rollback + _FORCED_LIMIT)
         self._eos = grammar.vocabulary.eos_token_ids
         self._terminated = False
         self._steps = 0  # tokens consumed (EOS included)

@@ -88,7 +88,7 @@ def prepare(vocabulary) -> None:
 def _trie(vocabulary) -> TokenTrie | None:
     """The vocabulary's token trie in C (for bounds), or None without the C library."""
     if vocabulary.fingerprint not in _TRIES:
-        trie = TokenTrie(vocabulary.token_bytes, vocabulary.eos_token_id, len(vocabulary.outlines))
+        trie = TokenTrie(vocabulary.token_bytes)
         _TRIES[vocabulary.fingerprint] = trie if trie.split(b"", 0) is not None else None
     return _TRIES[vocabulary.fingerprint]
 

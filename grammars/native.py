@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from grammars.private_dir import owned_file, private_dir
 
 log = logging.getLogger("maskd.grammars")
@@ -60,3 +62,10 @@ def load():
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("could not build the C library in %s (%s): the slow Python paths are used", folder, exc)
         return None
+
+
+def copied(pointer, n: int, dtype) -> np.ndarray:
+    """The ``n`` items a C routine wrote at ``pointer``, copied into a numpy array it owns."""
+    if n == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.ctypeslib.as_array(pointer, shape=(n,)).astype(dtype, copy=True)

@@ -3,10 +3,10 @@
 outlines-core walks every token from every state of the regex's automaton: states x vocabulary,
 ~1.3 s for one tool's unit on a 262k vocabulary. `TokenTrie.index` takes the automaton from
 outlines-core as the index of `(R)\\x02` over the 256 single bytes (milliseconds), then finds each
-state's tokens in one walk of the token trie that stops at the first byte the automaton refuses.
-The result is an outlines_core.Index (built from the same serialised form outlines-core writes), so
-everything downstream is unchanged. None where the C library is missing or the regex uses the
-sentinel byte itself: the caller then builds the index with outlines-core.
+state's tokens in one walk of the token trie that stops at the first byte the automaton refuses;
+from a loop state (inside a JSON string) only the non-plain tokens are walked, in a trie of their
+own. The result is a TokenIndex (grammars/unit_index.py). None where the C library is missing or
+the regex uses the sentinel byte itself: the caller then builds the index with outlines-core.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import numpy as np
 import outlines_core
 
 from grammars import native
+from grammars.plain_tokens import PlainTokens
+from grammars.unit_index import TokenIndex
 
 SENTINEL = 0x02  # marks where the regex may end (no JSON text holds it)
 UNSPLIT = 1 << 30  # split(): no tokens spell the text
@@ -30,15 +32,28 @@ class _Trie(ctypes.Structure):
             ("tok_at", ctypes.c_int32), ("tok_n", ctypes.c_int32), ("ids", ctypes.c_int32))]
 
 
-class TokenTrie:
-    """The vocabulary's text tokens as a trie in C (one per compile worker; ~0.5 s for 262k tokens)."""
+class _Index(ctypes.Structure):
+    _fields_ = [("n_states", ctypes.c_int64), ("n_trans", ctypes.c_int64)] + [
+        (name, ctypes.POINTER(kind)) for name, kind in (
+            ("final", ctypes.c_uint8), ("loop", ctypes.c_uint8), ("off", ctypes.c_int64), ("tok", ctypes.c_int32),
+            ("nxt", ctypes.c_int32))]
 
-    def __init__(self, token_bytes: dict[int, bytes], eos_token_id: int, vocab_len: int):
-        self.eos, self.vocab_len = eos_token_id, vocab_len
+
+class TokenTrie:
+    """The vocabulary's text tokens as a trie in C (one per compile worker; ~0.5 s for 262k tokens).
+    With ``plain`` (grammars/plain_tokens.py), also a trie of the non-plain tokens, for ``index``."""
+
+    def __init__(self, token_bytes: dict[int, bytes], plain: PlainTokens | None = None):
+        self.plain = plain
         self._lib = _declared(native.library())
-        self._trie = None
+        self._trie = self._other = None
         if self._lib is None:
             return
+        self._trie = self._build(token_bytes)
+        if plain is not None:
+            self._other = self._build({t: b for t, b in token_bytes.items() if t not in plain})
+
+    def _build(self, token_bytes: dict[int, bytes]):
         items = sorted(token_bytes.items(), key=lambda item: item[1])
         text = b"".join(piece for _, piece in items)
         offsets = np.zeros(len(items) + 1, dtype=np.int64)
@@ -46,23 +61,26 @@ class TokenTrie:
         ids = np.array([token for token, _ in items], dtype=np.int32)
         trie = _Trie()
         if self._lib.trie_build(text, offsets.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
-                                ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(items), ctypes.byref(trie)) == 0:
-            self._trie = trie
+                                ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(items), ctypes.byref(trie)) != 0:
+            return None
+        return trie
 
-    def index(self, regex: str) -> outlines_core.Index | None:
+    def index(self, regex: str) -> TokenIndex | None:
         """The token index of ``regex``, or None (then build it with outlines-core)."""
-        if self._trie is None:
+        if self._trie is None or self._other is None:
             return None
         blob = outlines_core.Index(f"({regex}){chr(SENTINEL)}", _BYTES).__reduce__()[1][0]
-        out, size = ctypes.POINTER(ctypes.c_uint8)(), ctypes.c_int64()
-        rc = self._lib.token_index(ctypes.byref(self._trie), blob, len(blob), SENTINEL, self.eos, self.vocab_len,
-                                   ctypes.byref(out), ctypes.byref(size))
-        if rc != 0:
+        out = _Index()
+        if self._lib.token_index(ctypes.byref(self._trie), ctypes.byref(self._other), blob, len(blob), SENTINEL,
+                                 ctypes.byref(out)) != 0:
             return None
         try:
-            return outlines_core.Index.from_binary(ctypes.string_at(out, size.value))
+            s, t = out.n_states, out.n_trans
+            return TokenIndex(native.copied(out.final, s, np.uint8), native.copied(out.loop, s, np.uint8),
+                              native.copied(out.off, s + 1, np.int64), native.copied(out.tok, t, np.int32), native.copied(out.nxt, t, np.int32),
+                              self.plain)
         finally:
-            self._lib.token_index_free(out)
+            self._lib.token_index_free(ctypes.byref(out))
 
     def split(self, text: bytes, hole: int) -> list[int] | None:
         """[k] for k in 0..len(text): the fewest tokens spelling text[k:] (UNSPLIT where none do);
@@ -75,9 +93,11 @@ class TokenTrie:
         return best.tolist()
 
     def __del__(self) -> None:
-        if self._trie is not None:
-            self._lib.trie_free(ctypes.byref(self._trie))
-            self._trie = None
+        for trie in (self._trie, self._other):
+            if trie is not None:
+                self._lib.trie_free(ctypes.byref(trie))
+        self._trie = self._other = None
+
 
 
 def _declared(library):
@@ -86,10 +106,9 @@ def _declared(library):
                                        ctypes.c_int64, ctypes.POINTER(_Trie)]
         library.trie_free.argtypes = [ctypes.POINTER(_Trie)]
         library.trie_free.restype = None
-        library.token_index.argtypes = [ctypes.POINTER(_Trie), ctypes.c_char_p, ctypes.c_int64, ctypes.c_uint8,
-                                        ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(ctypes.POINTER(ctypes.c_uint8)),
-                                        ctypes.POINTER(ctypes.c_int64)]
-        library.token_index_free.argtypes = [ctypes.POINTER(ctypes.c_uint8)]
+        library.token_index.argtypes = [ctypes.POINTER(_Trie), ctypes.POINTER(_Trie), ctypes.c_char_p, ctypes.c_int64,
+                                        ctypes.c_uint8, ctypes.POINTER(_Index)]
+        library.token_index_free.argtypes = [ctypes.POINTER(_Index)]
         library.token_index_free.restype = None
         library.token_split.argtypes = [ctypes.POINTER(_Trie), ctypes.c_char_p, ctypes.c_int64, ctypes.c_uint8,
                                         ctypes.POINTER(ctypes.c_int32)]

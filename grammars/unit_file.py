@@ -1,14 +1,13 @@
-"""The disk form of one compiled unit: its outlines-core Index and BudgetTable, with no pickle.
+"""The disk form of one compiled unit: its TokenIndex and BudgetTable, with no pickle.
 
 A pickle runs code when it is read, so a cache entry planted or swapped in the cache folder would
 run in the server.  An entry is instead an .npz of plain arrays, read with ``allow_pickle=False``:
-a JSON header (the format, the unit's cache key and the versions that shaped it), the Index as
-outlines-core's own binary form (the bytes its pickle wraps, read back with ``Index.from_binary``,
-a Rust deserialiser that builds data and never runs code) and the table's arrays.
+a JSON header (the format, the unit's cache key and the versions that shaped it), the index's
+arrays (grammars/unit_index.py) and the table's arrays.
 
 An entry whose header names another key (another regex, vocabulary or version: a file renamed or
 copied under this name) is not read, and the table's arrays are checked for the shapes and bounds
-the mask code relies on (an out-of-range id in a sparse mask would be an out-of-bounds index on a
+the index and mask code rely on (an out-of-range id in a sparse mask would be an out-of-bounds index on a
 GPU, which kills the device context rather than raising).  Any failure is reported as ``BadEntry``
 and the caller rebuilds the unit.  The header is not a signature: the folder is this user's alone
 (private_dir.py), and whoever could write there could read a MAC's secret too; what the format
@@ -22,19 +21,20 @@ import os
 import threading
 
 import numpy as np
-from outlines_core import Index
 
 from grammars.budget import ALLOWED, BANNED, NONE, BudgetTable
+from grammars.unit_index import TokenIndex
 
-FORMAT = "maskd-unit-npz-1"
+FORMAT = "maskd-unit-npz-2"
 _TABLE = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist")
+_INDEX = ("final", "loop", "off", "tok", "nxt")
 
 
 class BadEntry(ValueError):
     """A cache entry that is not one this maskd wrote for this key."""
 
 
-def save_unit(path: str, key: str, versions: str, index: Index, table: BudgetTable) -> None:
+def save_unit(path: str, key: str, versions: str, index: TokenIndex, table: BudgetTable) -> None:
     """Write the unit to ``path`` atomically (a temp file in the same folder, then os.replace)."""
     header = json.dumps({"format": FORMAT, "key": key, "versions": versions}).encode()
     arrays = {name: getattr(table, name) for name in _TABLE}
@@ -44,15 +44,14 @@ def save_unit(path: str, key: str, versions: str, index: Index, table: BudgetTab
         size, kind, off, ids = table.sparse
         arrays.update(sparse_size=np.asarray([size], dtype=np.int64), sparse_kind=kind, sparse_off=off,
                       sparse_ids=ids)
-    blob = index.__reduce__()[1][0]  # outlines-core's binary form (bincode), as its pickle carries it
+    arrays.update({f"index_{name}": getattr(index, name) for name in _INDEX})
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as f:
-        np.savez(f, header=np.frombuffer(header, dtype=np.uint8), index=np.frombuffer(blob, dtype=np.uint8),
-                 **arrays)
+        np.savez(f, header=np.frombuffer(header, dtype=np.uint8), **arrays)
     os.replace(tmp, path)
 
 
-def load_unit(path: str, key: str, vocab_size: int) -> tuple[Index, BudgetTable]:
+def load_unit(path: str, key: str, vocab_size: int) -> tuple[TokenIndex, BudgetTable]:
     """The unit saved at ``path`` for ``key`` over ``vocab_size`` tokens; BadEntry (or OSError) if it
     is anything else."""
     try:
@@ -70,16 +69,28 @@ def load_unit(path: str, key: str, vocab_size: int) -> tuple[Index, BudgetTable]
         raise BadEntry("no readable header")
     if header.get("format") != FORMAT or header.get("key") != key:
         raise BadEntry(f"written for another key or format ({header.get('format')}, {header.get('versions')})")
+    index = _index(arrays)
     table = _table(arrays, vocab_size)
+    if len(table.keys) != len(index.final):
+        raise BadEntry("the table and the index have different state counts")
+    return index, table
+
+
+def _index(arrays: dict[str, np.ndarray]) -> TokenIndex:
+    """The TokenIndex of ``arrays`` after the checks its readers rely on (BadEntry otherwise)."""
     try:
-        index = Index.from_binary(arrays["index"].tobytes())
+        final, loop, off, tok, nxt = (arrays.pop(f"index_{name}") for name in _INDEX)
     except KeyError:
         raise BadEntry("no index") from None
-    except BaseException as exc:  # noqa: BLE001 - a Rust panic surfaces as a BaseException subclass
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise BadEntry(f"unreadable index ({exc})") from None
-    return index, table
+    states = len(final)
+    if any(a.ndim != 1 for a in (final, loop, off, tok, nxt)) or not states or len(loop) != states:
+        raise BadEntry("index arrays of the wrong shape")
+    if len(nxt) != len(tok) or not _offsets(off, states, len(tok)):
+        raise BadEntry("index arrays of mismatched lengths")
+    if not _in_range(nxt, states) or not _in_range(tok, 1 << 31) or not np.isin(final, (0, 1)).all() \
+            or not np.isin(loop, (0, 1)).all():
+        raise BadEntry("index arrays out of range")
+    return TokenIndex(final, loop, off, tok, nxt)
 
 
 def _table(arrays: dict[str, np.ndarray], vocab_size: int) -> BudgetTable:

@@ -12,6 +12,7 @@ import torch
 
 from grammar_fixtures import decode_within, rigged_logits
 from grammars.budget import build_budget_table, budget_table_from_transitions
+from grammars.unit_index import from_outlines
 from grammars.compiled_grammar import CompiledGrammar
 from test_tool_constraint import allowed, check_calls, compiler, make, vocab  # noqa: F401 - fixtures
 
@@ -27,7 +28,7 @@ SCHEMA = {"type": "object", "properties": {
 def small_index(regex):
     eos = len(SMALL_TOKENS)
     vocabulary = outlines_core.Vocabulary(eos, {t: [i] for i, t in enumerate(SMALL_TOKENS)})
-    return outlines_core.Index(regex, vocabulary), eos
+    return from_outlines(outlines_core.Index(regex, vocabulary), eos), eos
 
 
 def brute_force_distance(index, eos):

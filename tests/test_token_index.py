@@ -1,4 +1,5 @@
-"""Token indexes by a pruned walk of the token trie (grammars/token_index.py) equal outlines-core's."""
+"""Token indexes by a pruned walk of the token trie (grammars/token_index.py) equal outlines-core's,
+loop states included (their plain tokens not listed, grammars/unit_index.py)."""
 
 import gzip
 import json
@@ -9,6 +10,7 @@ import pytest
 
 from grammar_fixtures import smollm2_vocabulary
 from grammars import GrammarError, schema_to_regex
+from grammars.plain_tokens import plain_tokens
 from grammars.token_index import TokenTrie
 from grammars.tool_grammar import tool_grammar
 
@@ -18,16 +20,19 @@ MASKBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench
 @pytest.fixture(scope="module")
 def trie():
     vocabulary = smollm2_vocabulary()
-    return TokenTrie(vocabulary.token_bytes, vocabulary.eos_token_id, len(vocabulary.outlines))
+    return TokenTrie(vocabulary.token_bytes, plain_tokens(vocabulary))
 
 
-def canonical(index) -> list:
-    """The index as (transitions, final) per state, states numbered in breadth-first order."""
+def canonical(index, eos: int = -1) -> list:
+    """The index as (transitions, final) per state, states numbered in breadth-first order (EOS, which
+    outlines-core writes as a transition of final states, left out)."""
     transitions, finals = index.get_transitions(), index.get_final_states()
     number, order, out = {index.get_initial_state(): 0}, [index.get_initial_state()], []
     for state in order:
         row = {}
         for token, next_state in sorted(transitions.get(state, {}).items()):
+            if token == eos:
+                continue
             if next_state not in number:
                 number[next_state] = len(number)
                 order.append(next_state)
@@ -62,7 +67,37 @@ def regexes() -> list[str]:
 def test_the_trie_walk_gives_outlines_cores_index(trie, regex):
     mine = trie.index(regex)
     assert mine is not None
-    assert canonical(mine) == canonical(outlines_core.Index(regex, smollm2_vocabulary().outlines))
+    vocabulary = smollm2_vocabulary()
+    assert canonical(mine) == canonical(outlines_core.Index(regex, vocabulary.outlines), vocabulary.eos_token_id)
+
+
+def test_string_states_are_loop_states_listing_only_non_plain_tokens(trie):
+    """Inside `"[^"]*"` every plain token stays in the string: the state is a loop state, and it lists
+    only the other tokens (the closing quote among them), not ~48k pairs."""
+    vocabulary = smollm2_vocabulary()
+    plain = plain_tokens(vocabulary)
+    index = trie.index('"[^"]*"')
+    quote = next(t for t, b in vocabulary.token_bytes.items() if b == b'"')
+    inside = index.get_next_state(0, quote)
+    assert index.is_loop_state(inside) and not index.is_loop_state(0)
+    tokens, _ = index.explicit(inside)
+    assert 0 < len(tokens) < len(vocabulary.token_bytes) - len(plain.ids)
+    assert not any(int(t) in plain for t in tokens)
+    word = next(t for t, b in vocabulary.token_bytes.items() if b == b"hello")
+    assert index.get_next_state(inside, word) == inside
+    assert index.is_final_state(index.get_next_state(inside, quote))
+    newline = next(t for t, b in vocabulary.token_bytes.items() if b == b"\n")
+    assert newline in tokens.tolist() and index.get_next_state(inside, newline) == inside  # not plain: listed
+
+
+def test_a_state_that_refuses_some_string_content_is_not_a_loop_state(trie):
+    """`[^"é]*`: é (C3 A9) does not lead back, so every token is listed."""
+    index = trie.index('"[^"\u00e9]*"')
+    vocabulary = smollm2_vocabulary()
+    quote = next(t for t, b in vocabulary.token_bytes.items() if b == b'"')
+    inside = index.get_next_state(0, quote)
+    assert not index.is_loop_state(inside)
+    assert len(index.explicit(inside)[0]) > 40000
 
 
 def test_a_token_may_leave_an_accepting_state(trie):

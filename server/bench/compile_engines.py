@@ -17,6 +17,7 @@ import torch
 from grammars import CompileTimeout, GrammarCompiler, GrammarError, UnsupportedSchemaError
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
+from grammars.unit_index import from_outlines
 
 
 def generated_verdict(grammar, schema, tok, seed, slack=30):
@@ -137,6 +138,7 @@ class OutlinesDirect:
             return
         self.res["cold_ms"].append((time.perf_counter() - t) * 1e3)
         self.res["ok"] += 1
+        index = from_outlines(index, self.vocab.outlines.get_eos_token_id())  # maskd's masks over its index
         grammar = CompiledGrammar(index, regex, self.vocab, "outlines-direct")  # budget table for closing
         count(self.res, "generated", generated_verdict(grammar, schema, self.tok, seed=self.res["ok"]))
 
