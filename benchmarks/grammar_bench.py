@@ -29,13 +29,15 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=10.0, help="compile time limit, s")
     ap.add_argument("--walks", type=int, default=30, help="random walks for the mask cost")
     ap.add_argument("--steps", type=int, default=120, help="max tokens per walk")
+    ap.add_argument("--no-outlines", action="store_true",
+                    help="skip outlines-core used directly (its index takes seconds per schema)")
     args = ap.parse_args()
     sizes = dataclasses.replace(Sizes(), compile_per_subset=args.limit or (10 if args.quick else 10**9),
                                 walks=8 if args.quick else args.walks, steps=args.steps)
     rows = [row for name in SUBSETS for row in load_rows(MASKBENCH / f"{name}.jsonl.gz")]
     ctx = BenchContext(model=None, device="cpu", models=None, quick=args.quick, tiny=False, schemas=None,
                        sizes=sizes, rows=rows)
-    run_suite("compile", ctx, RESULTS, timeout_s=args.timeout)
+    run_suite("compile", ctx, RESULTS, timeout_s=args.timeout, outlines=not args.no_outlines)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ class CompiledGrammar:
 
     def hole_tables(self):
         """The grammar's HoleTables, made and prepared once (GrammarCompiler does it in the compile
-        thread, so a request's first tokens do not pay for it)."""
+        thread, and warms their masks in the background)."""
         if not self._holes:
             from grammars.hole_tables import HoleTables
             from grammars.json_value import json_value_automaton

@@ -91,6 +91,8 @@ class GrammarCompiler:
         self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(workers)]
         # threads that each wait for an idle worker: compiles queue here, memory hits never do
         self._threads = concurrent.futures.ThreadPoolExecutor(4 * workers, thread_name_prefix="maskd-compile")
+        # what follows a compile that nothing waits on: the disk write, warming the hole tables' masks
+        self._after = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="maskd-after")
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
         self._pool = WorkerTurns(self._workers)
@@ -132,14 +134,14 @@ class GrammarCompiler:
                         while len(self._failed) > self.lru_size:
                             self._failed.popitem(last=False)
                     raise
-                self._disk_put(key, built)
+                self._later(self._disk_put, key, built)
             else:
                 self.stats["disk_hits"] += 1
             index, budget = built
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
-                grammar.hole_tables()
+                self._later(grammar.hole_tables().warm)
             self._memory_put(key, grammar)
             return grammar
         finally:
@@ -235,8 +237,9 @@ class GrammarCompiler:
 
 
     def close(self) -> None:
-        """Stop the worker processes."""
+        """Stop the worker processes (after the disk writes under way)."""
         self._threads.shutdown(wait=False, cancel_futures=True)
+        self._after.shutdown(wait=True)
         for w in self._workers:
             w.kill()
 
@@ -260,6 +263,18 @@ class GrammarCompiler:
             self.stats["compile_seconds"] += time.perf_counter() - started
             worker.start()  # respawn at once if the compile killed it
             self._pool.give(worker)
+
+    def _later(self, task, *args) -> None:
+        """Run ``task`` on the background thread; a failure is logged (nothing waits on it)."""
+        def run():
+            try:
+                task(*args)
+            except Exception:  # noqa: BLE001 - a cache write or a warm-up lost, never a request
+                log.exception("background grammar task %s failed", getattr(task, "__qualname__", task))
+        try:
+            self._after.submit(run)
+        except RuntimeError:  # closed meanwhile: the disk write or warm-up is skipped
+            pass
 
     def _failure(self, key: str) -> GrammarError | None:
         """Why the compile of ``key`` failed, if it did within FAILURE_MEMORY_S (a limit hit on a

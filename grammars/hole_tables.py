@@ -15,6 +15,7 @@ in a unit), and only tokens that hold `:`, `,` or `[` can walk into one from els
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -107,8 +108,9 @@ class HoleTables:
         return self.hole_after(state) is not None
 
     def prepare(self) -> None:
-        """Once per grammar, off the decoding path (the compile thread calls it): the one-byte edges of
-        every unit state, which states lie within _NEAR bytes of a hole, and their entering tokens."""
+        """Once per grammar, before its first matcher: the one-byte edges of every unit state, where
+        values start and which states lie within _NEAR bytes of a hole (the masks come from ``warm``
+        or on first use)."""
         states = range(self.index.n_states)
         edges = self.index.successors({t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE})
         self._holes = {state: n for state, out in self.index.successors({self.sentinel: 0}).items()
@@ -125,12 +127,20 @@ class HoleTables:
                 break
             near |= frontier
         self._edges, self._near = edges, near
-        for state in near:
+
+    def warm(self) -> None:
+        """The masks first visits would make, made ahead (GrammarCompiler runs it after the compile,
+        in the background, so neither the compile nor a request's first tokens wait for them): at the
+        states near a hole and where values most often end. Each is what its first use would make.
+        Between masks (~0.3 ms each) it lets other threads take the GIL at once."""
+        for state in sorted(self._near):
             self.unit_mask(state)
-        for hole in (state for state in states if self.is_hole(state)):  # where values most often end
+            time.sleep(0)
+        for hole in sorted(self._holes):  # where values most often end
             for q in _ENDINGS:
                 for stack in ((), (OBJECT,), (ARRAY,)):
                     self.value_mask(value_at(self, q, stack), hole)
+                    time.sleep(0)
 
     def near_hole(self, state: int) -> bool:
         """Whether a hole is at most _NEAR bytes away from ``state``."""

@@ -121,13 +121,18 @@ class TokenIndex:
 
     def fill_words(self, state: int, words: np.ndarray) -> None:
         """Write ``state``'s tokens below the logits width into ``words`` (uint32, packed; EOS not set)."""
-        if self._loop[state]:
-            np.copyto(words, self.plain.words)
+        tokens = self.explicit(state)[0]
+        tokens = tokens[tokens < 32 * len(words)]
+        if len(tokens) > 256:  # a long list: scattered into bytes and packed (3x np.bitwise_or.at's speed)
+            bits = np.zeros(32 * len(words), dtype=np.bool_)
+            bits[tokens] = True
+            np.copyto(words, np.packbits(bits, bitorder="little").view(np.uint32))
         else:
             words.fill(0)
-        tokens = self.explicit(state)[0]
-        tokens = tokens[tokens < 32 * len(words)].astype(np.int64)
-        np.bitwise_or.at(words, tokens >> 5, np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32)))
+            tokens = tokens.astype(np.int64)
+            np.bitwise_or.at(words, tokens >> 5, np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32)))
+        if self._loop[state]:
+            words |= self.plain.words
 
 
 class IndexCursor:

@@ -28,19 +28,22 @@ from server.bench.peers import Peers
 from server.bench.stats import pct
 
 
-def compile_all(stack, schemas, timeout_s, keep, tick) -> tuple[dict, dict[str, str]]:
+def compile_all(stack, schemas, timeout_s, keep, tick, outlines: bool = True) -> tuple[dict, dict[str, str]]:
     """Every schema compiled by every engine in turn, then maskd's disk pass: the engines by name,
-    and the peers skipped with why."""
+    and the peers skipped with why. ``outlines`` False: no outlines-core used directly (its index
+    takes seconds per schema)."""
     tok, vocab = stack.loaded.tokenizer, stack.vocabulary
     peers = Peers(stack, names=("xgrammar", "llguidance"))
-    engines = {"maskd": MaskdCompiles(vocab, timeout_s, keep, tok), "outlines-core": OutlinesDirect(vocab, timeout_s, tok),
+    engines = {"maskd": MaskdCompiles(vocab, timeout_s, keep, tok),
+               **({"outlines-core": OutlinesDirect(vocab, timeout_s, tok)} if outlines else {}),
                **{name: PeerCompiles(peer, keep, warm=name == "xgrammar") for name, peer in peers.ready.items()}}
     try:
         for i, (_, schema) in enumerate(schemas):
             tick()
             for engine in engines.values():
                 engine.compile(i, schema)
-        engines["outlines-core"].close()  # its worker idle beside the disk pass
+        if outlines:
+            engines["outlines-core"].close()  # its worker idle beside the disk pass
         engines["maskd"].disk()
     finally:
         for engine in engines.values():
@@ -85,9 +88,10 @@ def summarize(name, res, total):
 
 
 
-def run(ctx, progress, timeout_s: float = 10.0) -> dict:
+def run(ctx, progress, timeout_s: float = 10.0, outlines: bool = True) -> dict:
     """The suite: compile the run's schemas (the first N of each subset) with every engine, then the
-    mask walks over the first ``walks`` schemas, on each engine that compiled them."""
+    mask walks over the first ``walks`` schemas, on each engine that compiled them (``outlines``
+    False: without outlines-core used directly)."""
     from server.bench.schemas import per_subset
     from server.bench.stats import fmt
 
@@ -100,14 +104,14 @@ def run(ctx, progress, timeout_s: float = 10.0) -> dict:
     torch.set_num_threads(1)  # the mask runs on the engine thread, alone
     bar = progress("compile", n + 1)
     try:
-        engines, skipped = compile_all(stack, schemas, timeout_s, walks, bar.update)
+        engines, skipped = compile_all(stack, schemas, timeout_s, walks, bar.update, outlines)
         mask_us = mask_walks(engines, stack, walks, steps)
         bar.update()
     finally:
         torch.set_num_threads(torch_threads)
         bar.close()
     compile_results = {name: engine.res for name, engine in engines.items()}
-    maskd, outlines = compile_results["maskd"], compile_results["outlines-core"]
+    maskd, outlines = compile_results["maskd"], compile_results.get("outlines-core", {"generated": "not run"})
     summary = [summarize(k, v, n) for k, v in compile_results.items()]
     mem = maskd["grammar_bytes"]
     ratios = {}
