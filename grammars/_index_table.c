@@ -142,7 +142,8 @@ done:
     return rc;
 }
 
-/* count, and (with vocab_size > 0) the short form of every state's mask; 0 or -2 (out of memory). */
+/* count, and (with vocab_size > 0) the short form of every state's mask; 0, -2 (out of memory) or -1
+ * (a list not of its counted length: never expected; the caller then takes the Python path). */
 static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *tok, const uint8_t *final,
                         const uint8_t *loop, const int32_t *plain, int64_t n_plain, int64_t vocab_size,
                         const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max,
@@ -169,8 +170,10 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
         }
 
     /* pass 1: the allowed count of every state, hence its kind and list length (a loop state's
-     * explicit tokens are never plain: the walk of its trie has none) */
-    int64_t total = 0;
+     * explicit tokens are never plain: the walk of its trie has none; nor are the EOS ids it adds) */
+    int64_t total = 0, n_extra_other = 0;
+    for (int64_t i = 0; i < vocab_size; i++)
+        if (is_eos[i] && !(plain_words[i >> 5] >> (i & 31) & 1)) n_extra_other++;
     out->sp_off[0] = 0;
     for (int64_t s = 0; s < n_states; s++) {
         int64_t allowed = loop[s] ? plain_in : 0, eos_present = 0;
@@ -179,7 +182,7 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
             allowed++;
             eos_present += is_eos[tok[k]];
         }
-        if (final[s]) allowed += n_extra - eos_present;
+        if (final[s]) allowed += (loop[s] ? n_extra_other : n_extra) - eos_present;
         int64_t banned = vocab_size - allowed, n = 0;
         if (banned <= banned_max && banned <= allowed) { out->sp_kind[s] = 2; n = banned; }
         else if (allowed <= allowed_max) { out->sp_kind[s] = 1; n = allowed; }
@@ -188,12 +191,45 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
         out->sp_off[s + 1] = (int32_t)total;
     }
 
-    /* pass 2: each list from a bitmap of the state's tokens, so the ids come out ascending */
+    /* pass 2: the ids ascending. A state's listed tokens ascend already: an allowed list merges them
+     * with the EOS ids, a loop state's banned list is the non-plain tokens it does not list; other
+     * lists come from a bitmap of the state's tokens. */
     out->sp_ids = malloc((total + 1) * sizeof *out->sp_ids);
-    if (!out->sp_ids) goto fail;
+    int32_t *eos_in = malloc((n_eos + 1) * sizeof *eos_in), *other = malloc((vocab_size - plain_in + 1) * sizeof *other);
+    if (!out->sp_ids || !eos_in || !other) { free(eos_in); free(other); goto fail; }
+    int64_t n_eos_in = 0, n_other = 0;
+    for (int64_t t = 0; t < vocab_size; t++) {
+        if (is_eos[t]) eos_in[n_eos_in++] = (int32_t)t;
+        if (!(plain_words[t >> 5] >> (t & 31) & 1)) other[n_other++] = (int32_t)t;
+    }
     uint32_t tail = vocab_size % 32 ? (1u << (vocab_size % 32)) - 1 : 0xffffffffu; /* last word's tokens */
     for (int64_t s = 0; s < n_states; s++) {
         if (!out->sp_kind[s]) continue;
+        int32_t *ids = out->sp_ids + out->sp_off[s];
+        const int32_t *listed = tok + off[s], *end = tok + off[s + 1];
+        int64_t e = 0, n_e = final[s] ? n_eos_in : 0;
+        if (out->sp_kind[s] == 1 && !loop[s]) { /* merge: listed tokens and EOS ids, ascending, once each */
+            while (listed < end || e < n_e) {
+                if (listed < end && (*listed < 0 || *listed >= vocab_size)) { listed++; continue; }
+                int32_t next = e >= n_e || (listed < end && *listed < eos_in[e]) ? *listed++ : eos_in[e++];
+                if (listed < end && *listed == next) listed++;
+                if (e < n_e && eos_in[e] == next) e++;
+                *ids++ = next;
+            }
+            if (ids != out->sp_ids + out->sp_off[s + 1]) { rc = -1; goto fail_lists; }
+            continue;
+        }
+        if (out->sp_kind[s] == 2 && loop[s]) { /* the non-plain tokens neither listed nor EOS here */
+            for (int64_t k = 0; k < n_other; k++) {
+                int32_t t = other[k];
+                while (listed < end && *listed < t) listed++;
+                while (e < n_e && eos_in[e] < t) e++;
+                if ((listed < end && *listed == t) || (e < n_e && eos_in[e] == t)) continue;
+                *ids++ = t;
+            }
+            if (ids != out->sp_ids + out->sp_off[s + 1]) { rc = -1; goto fail_lists; }
+            continue;
+        }
         if (loop[s]) memcpy(words, plain_words, width * sizeof *words);
         for (int64_t k = off[s]; k < off[s + 1]; k++)
             if (tok[k] >= 0 && tok[k] < vocab_size) words[tok[k] >> 5] |= 1u << (tok[k] & 31);
@@ -201,7 +237,6 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
             for (int64_t i = 0; i < n_eos; i++)
                 if (eos_ids[i] >= 0 && eos_ids[i] < vocab_size) words[eos_ids[i] >> 5] |= 1u << (eos_ids[i] & 31);
         uint32_t flip = out->sp_kind[s] == 2 ? 0xffffffffu : 0;
-        int32_t *ids = out->sp_ids + out->sp_off[s];
         for (int64_t w = 0; w < width; w++) {
             uint32_t bits = (words[w] ^ flip) & (w == width - 1 ? tail : 0xffffffffu);
             while (bits) {
@@ -210,10 +245,15 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
             }
         }
         memset(words, 0, width * sizeof *words);
+        if (ids != out->sp_ids + out->sp_off[s + 1]) { rc = -1; goto fail_lists; }
     }
+    free(eos_in); free(other);
     out->n_sparse = total;
     free(is_eos); free(words); free(plain_words);
     return 0;
+fail_lists: /* a list whose length is not the one counted: none are kept (the caller's slow path) */
+    free(eos_in); free(other); free(out->sp_ids);
+    out->sp_ids = NULL;
 fail:
     free(is_eos); free(words); free(plain_words); free(out->sp_kind); free(out->sp_off);
     out->sp_kind = NULL; out->sp_off = NULL;

@@ -8,9 +8,8 @@ Under a token budget, masks of (state, tokens left) come from the grammar's Budg
 (grammars/budget.py), memoised the same way.
 The CPU apply skips the bitmask with the state's SparseMask (its allowed or its banned token
 ids, when one side is short; grammars/sparse_mask.py): the budget table stores every state's
-from compile time and they are all made with the grammar, so even a state's first visit needs no
-row (grammars whose lists would be too big to keep build it from the row on a state's second
-visit instead).
+from compile time, so even a state's first visit needs no row, only its list as int64 (grammars
+whose lists would be too big to keep build it from the row on a state's second visit instead).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ class CompiledGrammar:
         self.key = key
         self.width = (vocabulary.size + 31) // 32
         self._masks: dict[int, torch.Tensor] = {}  # state -> int32 [width]
-        self._sparse: dict[int, object] = _stored_sparse_masks(budget, vocabulary.size)  # state -> SparseMask | None | _SEEN_ONCE
+        self._sparse: dict[int, object] = {}  # state -> SparseMask | None | _SEEN_ONCE
         self.approx_bytes = index.nbytes + _approx_bytes(budget)
         self._single: dict[int, int] = {}  # state -> the only allowed token (not final), or -1
         self._count: dict[int, int] = {}  # state -> number of allowed non-EOS tokens
@@ -156,10 +155,9 @@ class CompiledGrammar:
         """The SparseMask of ``guide``'s state (same tokens as ``state_mask``), or None: mid-sized,
         or (without stored forms) asked for the first time.
 
-        Made for every state with the grammar from the budget table's stored ids (views of one
-        int64 tensor), so a first visit costs no more than a later one; without stored ids, built
-        from the state's row on the second ask (20-35 us), so that a state visited once keeps the
-        packed-bitmask apply and never pays for it; nor does CUDA.
+        Made on a state's first visit from the budget table's stored ids (an int64 copy, a few us);
+        without stored ids, built from the state's row on the second ask (20-35 us), so that a
+        state visited once keeps the packed-bitmask apply and never pays for it; nor does CUDA.
         """
         state = guide.get_state()
         sparse = self._sparse.get(state, _UNSEEN)
@@ -232,23 +230,10 @@ class CompiledGrammar:
         return mask
 
 
-def _stored_sparse_masks(budget: BudgetTable, vocab_size: int) -> dict[int, SparseMask | None]:
-    """Every state's SparseMask (None: both sides long) from the table's stored ids, as views of
-    one int64 tensor; empty without stored ids.  ~1.5 us a state, once per grammar (10-15 ms on
-    the biggest BFCL grammars), instead of ~5 us on each state's first visit while decoding."""
-    if budget.sparse is None or budget.sparse[0] != vocab_size:
-        return {}
-    _, kind, off, ids = budget.sparse
-    with torch.inference_mode(False):  # read both inside and outside the engine's step
-        ids64 = torch.from_numpy(ids.astype(np.int64))  # [N]
-        return {state: None if k == NONE else SparseMask(k == ALLOWED, ids64[lo:hi], vocab_size)
-                for state, k, lo, hi in zip(budget.keys.tolist(), kind.tolist(), off[:-1].tolist(),
-                                            off[1:].tolist())}
-
-
 def _approx_bytes(budget: BudgetTable) -> int:
-    """Memory the grammar's table holds at creation: its arrays and the int64 copy of the stored
-    sparse ids (the index's arrays and the per-state memos come on top)."""
+    """Memory the grammar's table holds: its arrays and the int64 copies of the stored sparse ids
+    (made per state on first visit, counted in full; the index's arrays and the rows memoised come
+    on top)."""
     arrays = [budget.keys, budget.distance, budget.far, budget.mode, budget.odd_off, budget.odd_tok,
               budget.odd_dist]
     if budget.count is not None:
