@@ -18,6 +18,9 @@ import numpy as np
 
 from grammars.plain_tokens import PlainTokens
 
+_DICT_MAX = 1024  # a state's transitions become a dict up to this many, else they are searched
+_BIG = object()  # marks a state searched in its arrays
+
 
 class TokenIndex:
     """Immutable arrays of one unit's index (see the module docstring)."""
@@ -76,11 +79,17 @@ class TokenIndex:
         row = self._rows[state]
         if row is None:
             tokens, following = self.explicit(state)
-            row = self._rows[state] = dict(zip(tokens.tolist(), following.tolist()))
-        following = row.get(token)
-        if following is None and self._loop[state] and token < len(self._member) and self._member[token]:
+            row = self._rows[state] = dict(zip(tokens.tolist(), following.tolist())) if len(tokens) <= _DICT_MAX \
+                else _BIG
+        if row is _BIG:  # a long list: searched, not copied into a dict (~70 bytes an entry)
+            tokens, following = self.explicit(state)
+            at = int(np.searchsorted(tokens, token))
+            found = int(following[at]) if at < len(tokens) and tokens[at] == token else None
+        else:
+            found = row.get(token)
+        if found is None and self._loop[state] and token < len(self._member) and self._member[token]:
             return state
-        return following
+        return found
 
     def get_allowed_tokens(self, state: int) -> list[int]:
         """Every token allowed in ``state`` (ascending; EOS not included)."""

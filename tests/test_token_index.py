@@ -97,7 +97,10 @@ def test_a_state_that_refuses_some_string_content_is_not_a_loop_state(trie):
     quote = next(t for t, b in vocabulary.token_bytes.items() if b == b'"')
     inside = index.get_next_state(0, quote)
     assert not index.is_loop_state(inside)
-    assert len(index.explicit(inside)[0]) > 40000
+    assert len(index.explicit(inside)[0]) > 40000  # looked up by binary search, not a dict
+    word, e_acute = (next(t for t, b in vocabulary.token_bytes.items() if b == text) for text in (b"hello", "é".encode()))
+    assert index.get_next_state(inside, word) == inside and index.get_next_state(inside, e_acute) is None
+    assert index.is_final_state(index.get_next_state(inside, quote))
 
 
 def test_a_token_may_leave_an_accepting_state(trie):
