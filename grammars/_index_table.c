@@ -41,16 +41,17 @@ void index_table_free(index_table_t *t) {
 }
 
 static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *tok, const uint8_t *final,
-                        const uint8_t *loop, const int32_t *plain, int64_t n_plain, int64_t vocab_size,
-                        const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max,
-                        int64_t ids_cap);
+                        const uint8_t *loop, const int32_t *plain, int64_t n_plain, const uint32_t *plain_bits,
+                        int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max,
+                        int64_t banned_max, int64_t ids_cap);
 
 /* 0 on success; -1 malformed input (a next state out of range), -2 out of memory. `plain`: the plain
- * token ids, ascending. */
+ * token ids, ascending; `plain_bits`: those below vocab_size as a packed bitmask, or NULL (then made
+ * here); `eos_ids` ascending, once each. */
 int index_table(int64_t n_states, const int64_t *off, const int32_t *tok, const int32_t *nxt, const uint8_t *final,
-                const uint8_t *loop, const int32_t *plain, int64_t n_plain, int64_t vocab_size,
-                const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max, int64_t ids_cap,
-                index_table_t *out) {
+                const uint8_t *loop, const int32_t *plain, int64_t n_plain, const uint32_t *plain_bits,
+                int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max,
+                int64_t ids_cap, index_table_t *out) {
     memset(out, 0, sizeof *out);
     int64_t n_trans = off[n_states];
     int rc = -1;
@@ -134,8 +135,8 @@ int index_table(int64_t n_states, const int64_t *off, const int32_t *tok, const 
     out->n_states = n_states;
     out->n_trans = n_trans;
     out->n_odd = n_odd;
-    rc = sparse_forms(out, off, tok, final, loop, plain, n_plain, vocab_size, eos_ids, n_eos, allowed_max,
-                      banned_max, ids_cap);
+    rc = sparse_forms(out, off, tok, final, loop, plain, n_plain, plain_bits, vocab_size, eos_ids, n_eos,
+                      allowed_max, banned_max, ids_cap);
 done:
     free(rev_off); free(rev); free(queue);
     if (rc) index_table_free(out);
@@ -145,9 +146,9 @@ done:
 /* count, and (with vocab_size > 0) the short form of every state's mask; 0, -2 (out of memory) or -1
  * (a list not of its counted length: never expected; the caller then takes the Python path). */
 static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *tok, const uint8_t *final,
-                        const uint8_t *loop, const int32_t *plain, int64_t n_plain, int64_t vocab_size,
-                        const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max,
-                        int64_t ids_cap) {
+                        const uint8_t *loop, const int32_t *plain, int64_t n_plain, const uint32_t *plain_bits,
+                        int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max,
+                        int64_t banned_max, int64_t ids_cap) {
     int64_t n_states = out->n_states, width = (vocab_size + 31) / 32;
     out->n_sparse = -1;
     out->count = malloc((n_states + 1) * sizeof *out->count);
@@ -163,17 +164,23 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
     int64_t n_extra = 0, plain_in = 0;
     for (int64_t i = 0; i < n_eos; i++)
         if (eos_ids[i] >= 0 && eos_ids[i] < vocab_size && !is_eos[eos_ids[i]]) { is_eos[eos_ids[i]] = 1; n_extra++; }
-    for (int64_t i = 0; i < n_plain; i++)
-        if (plain[i] >= 0 && plain[i] < vocab_size) {
-            plain_words[plain[i] >> 5] |= 1u << (plain[i] & 31);
-            plain_in++;
-        }
+    if (plain_bits) {
+        memcpy(plain_words, plain_bits, width * sizeof *plain_words);
+        for (int64_t w = 0; w < width; w++) plain_in += __builtin_popcount(plain_words[w]);
+    } else {
+        for (int64_t i = 0; i < n_plain; i++)
+            if (plain[i] >= 0 && plain[i] < vocab_size) {
+                plain_words[plain[i] >> 5] |= 1u << (plain[i] & 31);
+                plain_in++;
+            }
+    }
 
     /* pass 1: the allowed count of every state, hence its kind and list length (a loop state's
      * explicit tokens are never plain: the walk of its trie has none; nor are the EOS ids it adds) */
     int64_t total = 0, n_extra_other = 0;
-    for (int64_t i = 0; i < vocab_size; i++)
-        if (is_eos[i] && !(plain_words[i >> 5] >> (i & 31) & 1)) n_extra_other++;
+    for (int64_t i = 0; i < n_eos; i++)
+        if (eos_ids[i] >= 0 && eos_ids[i] < vocab_size && !(plain_words[eos_ids[i] >> 5] >> (eos_ids[i] & 31) & 1))
+            n_extra_other++;
     out->sp_off[0] = 0;
     for (int64_t s = 0; s < n_states; s++) {
         int64_t allowed = loop[s] ? plain_in : 0, eos_present = 0;
@@ -198,11 +205,16 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
     int32_t *eos_in = malloc((n_eos + 1) * sizeof *eos_in), *other = malloc((vocab_size - plain_in + 1) * sizeof *other);
     if (!out->sp_ids || !eos_in || !other) { free(eos_in); free(other); goto fail; }
     int64_t n_eos_in = 0, n_other = 0;
-    for (int64_t t = 0; t < vocab_size; t++) {
-        if (is_eos[t]) eos_in[n_eos_in++] = (int32_t)t;
-        if (!(plain_words[t >> 5] >> (t & 31) & 1)) other[n_other++] = (int32_t)t;
-    }
+    for (int64_t i = 0; i < n_eos; i++)
+        if (eos_ids[i] >= 0 && eos_ids[i] < vocab_size) eos_in[n_eos_in++] = eos_ids[i];
     uint32_t tail = vocab_size % 32 ? (1u << (vocab_size % 32)) - 1 : 0xffffffffu; /* last word's tokens */
+    for (int64_t w = 0; w < width; w++) { /* the tokens below vocab_size that are not plain, ascending */
+        uint32_t bits = ~plain_words[w] & (w == width - 1 ? tail : 0xffffffffu);
+        while (bits) {
+            other[n_other++] = (int32_t)(w * 32 + __builtin_ctz(bits));
+            bits &= bits - 1;
+        }
+    }
     for (int64_t s = 0; s < n_states; s++) {
         if (!out->sp_kind[s]) continue;
         int32_t *ids = out->sp_ids + out->sp_off[s];

@@ -121,13 +121,16 @@ def build_budget_table(index, vocab_size: int | None = None, eos_ids=(), ids_cap
     plain = index.plain.ids if index.plain is not None else np.zeros(0, dtype=np.int32)
     if index.loop.any() and index.plain is None:
         raise ValueError("an index with loop states needs its vocabulary's plain tokens (TokenIndex.attach)")
+    fits = index.plain is not None and index.plain.size == vocab_size  # its packed row, made once per vocabulary
+    bits = index.plain.words if fits else np.zeros(0, dtype=np.uint32)
     table = _Table()
-    arrays = [np.ascontiguousarray(a) for a in (index.off, index.tok, index.nxt, index.final, index.loop, plain, eos)]
-    off, tok, nxt, final, loop, plain, eos = arrays  # held here while the C routine reads them
+    arrays = [np.ascontiguousarray(a) for a in (index.off, index.tok, index.nxt, index.final, index.loop, plain, bits, eos)]
+    off, tok, nxt, final, loop, plain, bits, eos = arrays  # held here while the C routine reads them
     rc = library.index_table(index.n_states, *(a.ctypes.data_as(ctypes.c_void_p) for a in (off, tok, nxt, final, loop,
                                                                                           plain)),
-                             len(plain), vocab_size or 0, eos.ctypes.data_as(ctypes.c_void_p), len(eos), ALLOWED_MAX,
-                             DISALLOWED_MAX, ids_cap, ctypes.byref(table))
+                             len(plain), bits.ctypes.data_as(ctypes.c_void_p) if fits else None, vocab_size or 0,
+                             eos.ctypes.data_as(ctypes.c_void_p), len(eos), ALLOWED_MAX, DISALLOWED_MAX, ids_cap,
+                             ctypes.byref(table))
     if rc != 0:
         log.warning("index_table failed (%d); using the Python path", rc)
         return budget_table_from_transitions(index, vocab_size, eos_ids, ids_cap)
@@ -235,7 +238,8 @@ def _library():
     library = native.library()
     if library is not None and not _DECLARED:
         library.index_table.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 6 + [
-            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.POINTER(_Table)]
+            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 4 + [
+            ctypes.POINTER(_Table)]
         library.index_table.restype = ctypes.c_int
         library.index_table_free.argtypes = [ctypes.POINTER(_Table)]
         library.index_table_free.restype = None
