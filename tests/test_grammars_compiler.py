@@ -25,12 +25,25 @@ def test_memory_and_disk_cache(tmp_path):
         again = compiler.compile_json_schema(SCHEMA)  # timings are the benchmarks' business, not a test's
         assert again is first and compiler.stats["memory_hits"] == 1
         assert compiler.stats["compiles"] == 1
+        compiler.drain()  # the disk write runs in the background
         assert len(os.listdir(tmp_path)) == 1
     with GrammarCompiler(vocab, cache_dir=str(tmp_path)) as fresh:
         loaded = fresh.compile_json_schema(SCHEMA)
         counts = {k: fresh.stats[k] for k in ("memory_hits", "disk_hits", "compiles", "timeouts")}
         assert counts == {"memory_hits": 0, "disk_hits": 1, "compiles": 0, "timeouts": 0}
         assert loaded.key == first.key and loaded.index.get_transitions() == first.index.get_transitions()
+
+
+def test_a_regex_holding_the_trie_walks_sentinel_is_indexed_by_outlines_core_and_converted():
+    """`a\x02?`: the trie walk marks R's end with \x02, so outlines-core builds this index and maskd
+    converts it into its arrays; the grammar then works like any other."""
+    vocab = smollm2_vocabulary()
+    a = next(t for t, b in vocab.token_bytes.items() if b == b"a")
+    with GrammarCompiler(vocab, workers=1) as compiler:
+        grammar = compiler.compile_regex("a\x02?")
+        matcher = grammar.matcher()
+        matcher.advance(a)
+        assert matcher.finished() and not grammar.index.loop.any()
 
 
 def test_memory_cache_is_bounded_in_bytes_and_keeps_the_newest():
