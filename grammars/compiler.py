@@ -56,6 +56,10 @@ FAILURE_MEMORY_S = 60.0  # how long a failed compile is answered from memory, no
 CACHE_VERSION = UNIT_VERSION
 
 
+class _Closed(Exception):
+    """A background warm-up stopped because its compiler closed."""
+
+
 class GrammarCompiler:
     """Compiles and caches grammars for one vocabulary; safe to call from many threads."""
 
@@ -92,7 +96,9 @@ class GrammarCompiler:
         # threads that each wait for an idle worker: compiles queue here, memory hits never do
         self._threads = concurrent.futures.ThreadPoolExecutor(4 * workers, thread_name_prefix="maskd-compile")
         # what follows a compile that nothing waits on: the disk write, warming the hole tables' masks
+        # (while the engine is idle)
         self._after = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="maskd-after")
+        self._closing = threading.Event()  # warm-ups stop at their next pause
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
         self._pool = WorkerTurns(self._workers)
@@ -141,7 +147,7 @@ class GrammarCompiler:
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
-                self._later(grammar.hole_tables().warm)
+                self._later(grammar.hole_tables().warm, self._engine_pause)
             self._memory_put(key, grammar)
             return grammar
         finally:
@@ -237,7 +243,8 @@ class GrammarCompiler:
 
 
     def close(self) -> None:
-        """Stop the worker processes (after the disk writes under way)."""
+        """Stop the worker processes (after the disk writes queued; warm-ups stop)."""
+        self._closing.set()
         self._threads.shutdown(wait=False, cancel_futures=True)
         self._after.shutdown(wait=True)
         for w in self._workers:
@@ -272,11 +279,22 @@ class GrammarCompiler:
         except RuntimeError:  # closed
             pass
 
+    def _engine_pause(self) -> None:
+        """Between two pieces of background work: wait while the engine computes (its Python between
+        torch ops needs the GIL), then let it take the GIL first; _Closed once the compiler closes."""
+        while not self._pool.engine_idle() and not self._closing.is_set():
+            time.sleep(0.005)
+        if self._closing.is_set():
+            raise _Closed
+        time.sleep(0)
+
     def _later(self, task, *args) -> None:
         """Run ``task`` on the background thread; a failure is logged (nothing waits on it)."""
         def run():
             try:
                 task(*args)
+            except _Closed:
+                pass
             except Exception:  # noqa: BLE001 - a cache write or a warm-up lost, never a request
                 log.exception("background grammar task %s failed", getattr(task, "__qualname__", task))
         try:

@@ -128,19 +128,20 @@ class HoleTables:
             near |= frontier
         self._edges, self._near = edges, near
 
-    def warm(self) -> None:
+    def warm(self, pause=lambda: time.sleep(0)) -> None:
         """The masks first visits would make, made ahead (GrammarCompiler runs it after the compile,
         in the background, so neither the compile nor a request's first tokens wait for them): at the
         states near a hole and where values most often end. Each is what its first use would make.
-        Between masks (~0.3 ms each) it lets other threads take the GIL at once."""
+        ``pause()`` runs between masks (~0.3 ms each): by default it lets other threads take the GIL
+        at once; the compiler's waits while the engine computes, so decoding never shares the GIL with it."""
         for state in sorted(self._near):
+            pause()
             self.unit_mask(state)
-            time.sleep(0)
         for hole in sorted(self._holes):  # where values most often end
             for q in _ENDINGS:
                 for stack in ((), (OBJECT,), (ARRAY,)):
+                    pause()
                     self.value_mask(value_at(self, q, stack), hole)
-                    time.sleep(0)
 
     def near_hole(self, state: int) -> bool:
         """Whether a hole is at most _NEAR bytes away from ``state``."""
