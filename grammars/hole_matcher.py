@@ -105,9 +105,9 @@ class HoleMatcher:
                         row[token >> 5] |= _bit(token & 31)
             if state is not None and tables.is_hole(state):  # a value may start here
                 room = budget - grammar.min_tokens(tables.hole_after(self.unit.state))
-                if room >= 1:
+                if room >= 1 or not bool(row.any()):  # else nothing fits (the budget was short already): the nearest
                     scratch = torch.zeros_like(row)
-                    JsonValueMatcher(tables.automaton, top="value").fill(scratch, room)
+                    JsonValueMatcher(tables.automaton, top="value").fill(scratch, max(room, 1))
                     self._clear_eos(scratch, final=False)
                     row.bitwise_or_(scratch)
         else:

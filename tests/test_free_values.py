@@ -112,3 +112,22 @@ def test_a_tool_with_free_form_parameters_gives_valid_calls():
         assert calls
         for name, arguments in calls:
             jsonschema.validate(json.loads(arguments), tools[0 if name == "search" else 1]["function"]["parameters"])
+
+
+def test_a_budget_already_short_at_a_hole_still_allows_the_nearest_value():
+    """At a unit state where a value starts, with fewer tokens left than the value and the rest
+    need, the mask is the value's nearest ends, never empty (an empty row made argmax pick token 0,
+    and the request failed: BFCL's RoutingNodesChangedObserver.shardInitialized at slack 0)."""
+    import torch
+
+    tokenizer = smollm2_tokenizer()
+    matcher = shared_compiler().compile_regex(schema_to_regex({"type": "object", "properties": {"a": {}}, "required": ["a"]},
+                                                              free_values=True)).matcher()
+    for token in tokenizer.encode('{"a":', add_special_tokens=False):
+        matcher.advance(token)
+    assert matcher.tables.is_hole(matcher.unit.state) and matcher.min_tokens() > 1
+    row = torch.zeros(1536, dtype=torch.int32)
+    matcher.fill(row, budget=1)
+    assert bool(row.any())
+    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
+    assert set(torch.nonzero(bits.flatten()[:49152]).flatten().tolist()) <= allowed(matcher)
