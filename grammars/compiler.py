@@ -32,6 +32,7 @@ import time
 from collections import OrderedDict
 from typing import Iterable
 
+from grammars.background import Background
 from grammars.cache_version import UNIT_VERSION
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
@@ -54,10 +55,6 @@ FAILURE_MEMORY_S = 60.0  # how long a failed compile is answered from memory, no
 
 # What shapes a cached unit besides its regex and vocabulary (grammars/cache_version.py).
 CACHE_VERSION = UNIT_VERSION
-
-
-class _Closed(Exception):
-    """A background warm-up stopped because its compiler closed."""
 
 
 class GrammarCompiler:
@@ -96,9 +93,7 @@ class GrammarCompiler:
         # threads that each wait for an idle worker: compiles queue here, memory hits never do
         self._threads = concurrent.futures.ThreadPoolExecutor(4 * workers, thread_name_prefix="maskd-compile")
         # what follows a compile that nothing waits on: the disk write, warming the hole tables' masks
-        # (while the engine is idle)
-        self._after = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="maskd-after")
-        self._closing = threading.Event()  # warm-ups stop at their next pause
+        self._after = Background(lambda: self._pool.engine_idle())
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
         self._pool = WorkerTurns(self._workers)
@@ -140,14 +135,14 @@ class GrammarCompiler:
                         while len(self._failed) > self.lru_size:
                             self._failed.popitem(last=False)
                     raise
-                self._later(self._disk_put, key, built)
+                self._after.later(self._disk_put, key, built)
             else:
                 self.stats["disk_hits"] += 1
             index, budget = built
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
-                self._later(grammar.hole_tables().warm, self._engine_pause)
+                self._after.later(grammar.hole_tables().warm, self._after.pause)
             self._memory_put(key, grammar)
             return grammar
         finally:
@@ -244,9 +239,8 @@ class GrammarCompiler:
 
     def close(self) -> None:
         """Stop the worker processes (after the disk writes queued; warm-ups stop)."""
-        self._closing.set()
         self._threads.shutdown(wait=False, cancel_futures=True)
-        self._after.shutdown(wait=True)
+        self._after.close()
         for w in self._workers:
             w.kill()
 
@@ -272,35 +266,8 @@ class GrammarCompiler:
             self._pool.give(worker)
 
     def drain(self) -> None:
-        """Wait until the background work queued so far (disk writes, warm-ups) is done: benchmarks
-        time each compile alone."""
-        try:
-            self._after.submit(lambda: None).result()
-        except RuntimeError:  # closed
-            pass
-
-    def _engine_pause(self) -> None:
-        """Between two pieces of background work: wait while the engine computes (its Python between
-        torch ops needs the GIL), then let it take the GIL first; _Closed once the compiler closes."""
-        while not self._pool.engine_idle() and not self._closing.is_set():
-            time.sleep(0.005)
-        if self._closing.is_set():
-            raise _Closed
-        time.sleep(0)
-
-    def _later(self, task, *args) -> None:
-        """Run ``task`` on the background thread; a failure is logged (nothing waits on it)."""
-        def run():
-            try:
-                task(*args)
-            except _Closed:
-                pass
-            except Exception:  # noqa: BLE001 - a cache write or a warm-up lost, never a request
-                log.exception("background grammar task %s failed", getattr(task, "__qualname__", task))
-        try:
-            self._after.submit(run)
-        except RuntimeError:  # closed meanwhile: the disk write or warm-up is skipped
-            pass
+        """Wait until the background work queued so far (disk writes, warm-ups) is done."""
+        self._after.drain()
 
     def _failure(self, key: str) -> GrammarError | None:
         """Why the compile of ``key`` failed, if it did within FAILURE_MEMORY_S (a limit hit on a
