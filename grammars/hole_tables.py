@@ -112,9 +112,10 @@ class HoleTables:
         values start and which states lie within _NEAR bytes of a hole (the masks come from ``warm``
         or on first use)."""
         states = range(self.index.n_states)
-        edges = self.index.successors({t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE})
-        self._holes = {state: n for state, out in self.index.successors({self.sentinel: 0}).items()
-                       for n in out.values()}
+        labels = {t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE}
+        labels[self.sentinel] = 256  # one pass over the transitions for both (no byte is 256)
+        edges = self.index.successors(labels)
+        self._holes = {state: out.pop(256) for state, out in edges.items() if 256 in out}
         into: dict[int, set[int]] = {}  # state -> the states with a one-byte edge into it
         for state, out in edges.items():
             for following in out.values():

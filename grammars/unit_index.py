@@ -111,7 +111,7 @@ class TokenIndex:
 
     def successors(self, labels: dict[int, int]) -> dict[int, dict[int, int]]:
         """{state: {label: next state}} for the tokens of ``labels`` (token -> label, such as one-byte
-        tokens by their byte) over every state at once, plain ones of loop states included."""
+        tokens by their byte; labels are >= 0) over every state at once, plain ones of loop states included."""
         out: dict[int, dict[int, int]] = {state: {} for state in range(self.n_states)}
         if not labels:
             return out
