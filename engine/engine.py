@@ -238,7 +238,8 @@ class Engine:
         while seq.constraint is not None:
             forced = seq.constraint.forced()
             if not forced and extend and self.forced_text is not None:
-                forced = self.forced_text(seq.constraint)  # a run of text allowed alone, several tokens each way
+                left = min(seq.params.max_tokens - len(seq.output_ids), seq.capacity - seq.num_tokens)
+                forced = self.forced_text(seq.constraint, left)  # a run of text allowed alone, in the tokenizer's split
             if not forced:
                 return
             for forced_token in forced:

@@ -42,8 +42,11 @@ class ForcedText:
         self.first[list(vocabulary.eos_token_ids)] = -1
         self._row = allocate_token_bitmask(1, size)[0]  # [W] scratch for constraints without a sparse mask
 
-    def __call__(self, constraint) -> list[int]:
-        """Tokens to append now (possibly none); the constraint is left as it was."""
+    def __call__(self, constraint, budget: int | None = None) -> list[int]:
+        """Tokens to append now (possibly none); the constraint is left as it was. With ``budget``
+        (the tokens the request may still generate), the run stops before a token after which the
+        output could no longer close within it: the tokenizer's split may be longer than the
+        shortest, and near the end of the budget the masked model then picks the shorter one."""
         if not all(hasattr(constraint, name) for name in ("rollback", "advance", "fill")):
             return []
         text, steps = bytearray(), 0
@@ -59,7 +62,7 @@ class ForcedText:
                 text.append(byte)
         finally:
             constraint.rollback(steps)
-        return self._tokens(constraint, bytes(text)) if steps > 1 else []
+        return self._tokens(constraint, bytes(text), budget) if steps > 1 else []
 
     def _allowed(self, constraint) -> torch.Tensor | None:
         """The ids the constraint allows next (int64, ascending) when they are few, else None."""
@@ -80,8 +83,9 @@ class ForcedText:
             return None
         return byte
 
-    def _tokens(self, constraint, text: bytes) -> list[int]:
-        """The tokenizer's tokens for ``text`` that the constraint accepts in turn, less the last."""
+    def _tokens(self, constraint, text: bytes, budget: int | None) -> list[int]:
+        """The tokenizer's tokens for ``text`` that the constraint accepts in turn (and that leave
+        the output room to close within ``budget``), less the last."""
         while text:
             try:
                 decoded = text.decode("utf-8")
@@ -99,6 +103,10 @@ class ForcedText:
                     break  # e.g. a tokenizer that adds a leading space, or a split the automaton refuses
                 constraint.advance(token)
                 taken.append(token)
+                if budget is not None and constraint.min_tokens() > budget - len(taken):
+                    taken.pop()  # this split no longer fits the budget: stop before it
+                    constraint.rollback(1)
+                    return taken
         finally:
             constraint.rollback(len(taken))
         return taken[:-1] if spelled == text and len(taken) == len(ids) else taken

@@ -47,3 +47,22 @@ def test_an_enum_value_is_forced_once_its_first_letters_decide_it():
     forced = forced_text()(matcher)
     text = spell(forced)
     assert text and 'ahrenheit"}'.startswith(text)
+
+
+def test_a_forced_run_never_spends_the_budget_the_output_needs_to_close():
+    # the tokenizer writes `unassignedShard` in 3 tokens where 2 spell it (`unas` `signed`): at a budget of
+    # exactly the shortest output, its split would leave the object unable to close
+    schema = {"type": "object", "properties": {"unassignedShard": {}, "initializedShard": {}},
+              "required": ["unassignedShard", "initializedShard"], "additionalProperties": False}
+    matcher = shared_compiler().compile_json_schema(schema).matcher()
+    budget = matcher.min_tokens()
+    unbounded = forced_text()(matcher)
+    for token in unbounded:
+        matcher.advance(token)
+    assert matcher.min_tokens() > budget - len(unbounded), spell(unbounded)  # the case this guards against
+    matcher.rollback(len(unbounded))
+    forced = forced_text()(matcher, budget)
+    for token in forced:
+        matcher.advance(token)
+    assert matcher.min_tokens() <= budget - len(forced), spell(forced)
+    assert len(forced) >= 1, "the part of the run that fits is still forced"
