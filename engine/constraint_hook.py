@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.sequence import Sequence
@@ -16,8 +17,11 @@ class ConstraintMasker:
     On CPU a row whose constraint offers ``sparse_mask(budget)`` (optional; Matcher and
     ToolCallConstraint have one: the tokens ``fill(row, budget)`` would allow, or None) is masked
     from that short id list (8-17 us on a 49k vocabulary) and never filled; the other constrained
-    rows are filled and share one packed-bitmask apply (25-50 us).  On CUDA every constrained row
-    is filled and the packed bitmask is copied to the device and applied there.
+    rows are filled and share one packed-bitmask apply (25-50 us).  A greedy row without logprobs
+    whose list holds the allowed ids is not written at all: the call returns {row: ids} and
+    sample() takes the argmax over those ids (writing -inf over the row cost more than the rest of
+    the mask: 11 us on 49k floats, 39 us on 262k).  On CUDA every constrained row is filled and the
+    packed bitmask is copied to the device and applied there.
     """
 
     def __init__(self, vocab_size: int, max_batch: int):
@@ -33,29 +37,35 @@ class ConstraintMasker:
             mask = self._on_device[device] = torch.empty_like(self.bitmask, device=device)
         return mask.copy_(self.bitmask, non_blocking=True)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        """logits: [B, V], row i belongs to seqs[i]; edited in place."""
-        rows = [row for row, seq in enumerate(seqs) if seq.constraint is not None]
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, np.ndarray]:
+        """logits: [B, V], row i belongs to seqs[i]; edited in place. Returns the rows narrowed to
+        a list of allowed ids (int64 numpy, ascending) and left unwritten (see the class)."""
+        narrowed: dict[int, np.ndarray] = {}
+        cpu = logits.device.type == "cpu"
+        rows = [row for row, seq in enumerate(seqs)
+                if seq.constraint is not None and not (cpu and self._apply_sparse(logits, row, seq, narrowed))]
         if not rows:
-            return
-        if logits.device.type == "cpu":
-            rows = [row for row in rows if not self._apply_sparse(logits, row, seqs[row])]
-            if not rows:
-                return
+            return narrowed
         if len(seqs) > self.bitmask.shape[0]:
             self.bitmask = allocate_token_bitmask(len(seqs), self.vocab_size)
         fill_next_token_bitmasks([(row, seqs[row].constraint) for row in rows], self.bitmask,
                                  budgets=[seqs[row].tokens_left for row in rows])
         mask = self._device_mask(logits.device)
         apply_token_bitmask_inplace(logits, mask, rows=rows)
+        return narrowed
 
     @staticmethod
-    def _apply_sparse(logits: torch.Tensor, row: int, seq: Sequence) -> bool:
+    def _apply_sparse(logits: torch.Tensor, row: int, seq: Sequence, narrowed: dict[int, np.ndarray]) -> bool:
         """Mask ``row`` from its constraint's SparseMask for this step if it has one that fits (no
-        fill then); False if not."""
+        fill then), or narrow it (``narrowed[row]``); False if it has none."""
         get = getattr(seq.constraint, "sparse_mask", None)
         sparse = get(seq.tokens_left) if get is not None else None
         if sparse is None or sparse.vocab_size != logits.shape[1]:
             return False
+        if sparse.allowed and seq.params.logprobs is None and seq.params.greedy:
+            ids = sparse.id_array()
+            if ids.size:
+                narrowed[row] = ids
+                return True
         apply_sparse_mask_inplace(logits[row], sparse)
         return True

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import Future
 from typing import AsyncIterator, Callable
 
+import numpy as np
 import torch
 
 from engine.logprobs import TokenLogprob, forced_logprob, step_logprobs
@@ -26,8 +27,10 @@ from engine.slot_cache import KVShape, MaskLayout, SlotCache
 
 log = logging.getLogger("maskd.engine")
 
-# A logits hook sees the step's logits [B, V] and its rows, and edits the logits in place.
-LogitsHook = Callable[[torch.Tensor, list[Sequence]], None]
+# A logits hook sees the step's logits [B, V] and its rows, and edits the logits in place; it may
+# return {row: ascending int64 numpy ids} for greedy rows whose choice it narrowed to those ids
+# without writing -inf over the rest of the row (ConstraintMasker on CPU); sample() argmaxes over them.
+LogitsHook = Callable[[torch.Tensor, list[Sequence]], "dict[int, np.ndarray] | None"]
 
 
 class Engine:
@@ -218,9 +221,12 @@ class Engine:
             seq.tokens_left = min(seq.params.max_tokens - len(seq.output_ids), seq.capacity - seq.num_tokens)
         apply_logit_bias(logits, seqs)
         apply_penalties(logits, seqs)  # before the hooks: a masked token stays masked
+        narrowed: dict[int, np.ndarray] = {}
         for hook in self.logits_hooks:
-            hook(logits, seqs)
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+            found = hook(logits, seqs)
+            if isinstance(found, dict):
+                narrowed.update(found)
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs], narrowed)
         logprobs = step_logprobs(logits, seqs, tokens) or [None] * len(seqs)  # of the masked logits
         for seq, token, logprob in zip(seqs, tokens, logprobs):
             try:

@@ -58,10 +58,22 @@ def apply_logit_bias(logits: torch.Tensor, seqs) -> None:
         logits[row].index_add_(0, *seq.bias)
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
+           narrowed: dict[int, torch.Tensor] | None = None) -> list[int]:
     """logits: [B, V] (masked entries -inf); one SamplingParams and generator per row (None for
-    greedy rows). Returns B token ids; the .tolist() is the step's only host sync."""
-    return choose(logits, params, generators).tolist()
+    greedy rows). Returns B token ids; the .tolist() is the step's only host sync.
+
+    ``narrowed``: row -> int64 numpy [k] ascending ids, for greedy rows of CPU logits whose mask
+    allows only those and whose other logits were left unmasked (a logits hook's answer): their
+    token is the argmax over those k logits, the same token as over the masked row, without writing
+    or reading the rest."""
+    if not narrowed:
+        return choose(logits, params, generators).tolist()
+    tokens = choose(logits, params, generators).tolist() if len(narrowed) < len(params) else [0] * len(params)
+    scores = logits.numpy()  # [B, V], a view
+    for row, ids in narrowed.items():
+        tokens[row] = int(ids[scores[row, ids].argmax()])
+    return tokens
 
 
 def choose(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> torch.Tensor:
@@ -73,7 +85,7 @@ def choose(logits: torch.Tensor, params: list[SamplingParams], generators: list)
     own generator (on the logits' device), V draws per step whatever the batch holds, so a seed
     gives the same tokens alone or batched."""
     if all(p.greedy for p in params):
-        return torch.argmax(logits, dim=-1)
+        return _argmax(logits)
     vocab = logits.shape[-1]
     settings = _to_device([[p.temperature, p.top_p, p.top_k] for p in params], logits.device,
                           torch.float32)  # [B, 3]; top_k as float: exact below 2**24
@@ -91,8 +103,17 @@ def choose(logits: torch.Tensor, params: list[SamplingParams], generators: list)
             race[row].uniform_(generator=generator)  # uniform_ then log: on CPU far faster than exponential_
     # U inside (0, 1): E finite and > 0, so any allowed token (probs > 0) beats every masked one (0)
     race = race.clamp_(torch.finfo(race.dtype).tiny, 1 - torch.finfo(race.dtype).eps).log_().neg_()
-    sampled = torch.argmax(probs / race, dim=-1)  # [B]
-    return torch.where(greedy, torch.argmax(logits, dim=-1), sampled)
+    sampled = _argmax(probs / race)  # [B]
+    return torch.where(greedy, _argmax(logits), sampled)
+
+
+def _argmax(scores: torch.Tensor) -> torch.Tensor:
+    """[B, V] -> [B] int64: torch.argmax, through numpy for float32 on CPU (a view, no copy): on 2
+    cores torch's CPU argmax took 1.1 ms over 8 rows of 49k and numpy's 57 µs (4.2 ms and 0.54 ms
+    over 262k); the first of equal maxima either way."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32:
+        return torch.from_numpy(scores.numpy().argmax(axis=-1))
+    return torch.argmax(scores, dim=-1)
 
 
 def _to_device(data: list, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

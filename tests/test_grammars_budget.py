@@ -10,11 +10,14 @@ import outlines_core
 import pytest
 import torch
 
+from engine.sampling import SamplingParams
 from grammar_fixtures import decode_within, rigged_logits
 from grammars.budget import build_budget_table, budget_table_from_transitions
 from grammars.unit_index import from_outlines
 from grammars.compiled_grammar import CompiledGrammar
 from test_tool_constraint import allowed, check_calls, compiler, make, vocab  # noqa: F401 - fixtures
+
+SAMPLED = SamplingParams(temperature=1.0)  # the masker writes a sampled row's mask into its logits
 
 SMALL_TOKENS = ["a", "b", "c", "ab", "bc", "abc", "{", "}", '"', '{"', '"}', "1", "12", ",", ":"]
 SMALL_REGEXES = [r"a{3,7}", r"(ab|c)*abc", r"\{\"[abc]{0,4}\"(,[12]{1,3})?\}", r"(a|bc)+c?", r"[abc]{2}:[12]+"]
@@ -187,7 +190,7 @@ def test_masker_applies_the_budget_mask_not_the_memoised_sparse_one(compiler, sm
             bitmask = allocate_token_bitmask(1, 49152)
             fill_next_token_bitmasks([(0, matchers[0])], bitmask, budgets=[budget])
             apply_token_bitmask_inplace(reference, bitmask)
-            masker(fast, [SimpleNamespace(constraint=matchers[1], tokens_left=budget)])
+            masker(fast, [SimpleNamespace(constraint=matchers[1], tokens_left=budget, params=SAMPLED)])
             assert torch.equal(reference, fast), budget
         allowed_count = int(torch.isfinite(fast).sum())
         assert (allowed_count < 1000) == (budget is not None and budget <= 8), (budget, allowed_count)
@@ -208,5 +211,6 @@ def test_masker_fills_a_tool_constraints_text_row_the_budget_narrows(compiler, v
     assert constraint.sparse_mask(call_min + 1) is not None and constraint.sparse_mask(call_min) is None
     for budget, opens in ((call_min, False), (call_min + 1, True), (None, True)):
         logits = torch.zeros(1, 49152)
-        ConstraintMasker(49152, 1)(logits, [SimpleNamespace(constraint=constraint, tokens_left=budget)])
+        ConstraintMasker(49152, 1)(logits, [SimpleNamespace(constraint=constraint, tokens_left=budget,
+                                                            params=SAMPLED)])
         assert bool(torch.isfinite(logits[0, last])) == opens, budget

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.constraint_hook import ConstraintMasker
+from engine.sampling import SamplingParams, sample
 from grammar_fixtures import SMOLLM2_VOCAB_SIZE as V
 from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
 import numpy as np
@@ -51,14 +52,27 @@ def kind(constraint) -> str:
     return "none" if sparse is None else "allowed" if sparse.allowed else "disallowed"
 
 
+SAMPLED = SamplingParams(temperature=1.0)  # a sampled row: the masker writes its mask into the logits
+GREEDY = SamplingParams(temperature=0.0)  # a greedy one may be narrowed to its allowed ids instead
+
+
 def masked_both_ways(logits, constraints):
-    """(bitmask path, ConstraintMasker) results for one batch; None = an unconstrained row."""
-    reference, fast = logits.clone(), logits.clone()
+    """(bitmask path, ConstraintMasker) results for one batch; None = an unconstrained row. Also
+    checks the greedy rows' narrowing: sample() over the narrowed rows picks the bitmask path's argmax."""
+    reference, fast, greedy = logits.clone(), logits.clone(), logits.clone()
     bitmask = allocate_token_bitmask(len(constraints), V)
     pairs = [(row, c) for row, c in enumerate(constraints) if c is not None]
     fill_next_token_bitmasks(pairs, bitmask)
     apply_token_bitmask_inplace(reference, bitmask, rows=[row for row, _ in pairs])
-    ConstraintMasker(V, 2)(fast, [SimpleNamespace(constraint=c, tokens_left=None) for c in constraints])
+    narrowed = ConstraintMasker(V, 2)(fast, [SimpleNamespace(constraint=c, tokens_left=None, params=SAMPLED)
+                                             for c in constraints])
+    assert narrowed == {}
+    narrowed = ConstraintMasker(V, 2)(greedy, [SimpleNamespace(constraint=c, tokens_left=None, params=GREEDY)
+                                               for c in constraints])
+    n = len(constraints)
+    assert sample(greedy, [GREEDY] * n, [None] * n, narrowed) == reference.argmax(-1).tolist()
+    for row in narrowed:
+        assert torch.equal(greedy[row], logits[row])  # a narrowed row is not written
     return reference, fast
 
 
@@ -205,10 +219,26 @@ class FillCounter:
 def test_masker_skips_the_fill_of_rows_with_a_sparse_form():
     constraint = FillCounter()
     logits = torch.randn(2, V)
-    ConstraintMasker(V, 2)(logits, [SimpleNamespace(constraint=None, tokens_left=None),
-                                    SimpleNamespace(constraint=constraint, tokens_left=17)])
+    ConstraintMasker(V, 2)(logits, [SimpleNamespace(constraint=None, tokens_left=None, params=SAMPLED),
+                                    SimpleNamespace(constraint=constraint, tokens_left=17, params=SAMPLED)])
     assert constraint.fills == 0 and constraint.budgets == [17]
     assert torch.isfinite(logits[1]).nonzero().view(-1).tolist() == [3, 5] and torch.isfinite(logits[0]).all()
+
+
+def test_a_greedy_row_with_an_allowed_list_is_narrowed_not_written():
+    constraint = FillCounter()
+    logits = torch.randn(2, V)
+    before = logits.clone()
+    narrowed = ConstraintMasker(V, 2)(logits, [SimpleNamespace(constraint=None, tokens_left=None, params=GREEDY),
+                                               SimpleNamespace(constraint=constraint, tokens_left=17, params=GREEDY)])
+    assert constraint.fills == 0 and list(narrowed) == [1] and narrowed[1].tolist() == [3, 5]
+    assert torch.equal(logits, before)
+    best = 3 if before[1, 3] >= before[1, 5] else 5
+    assert sample(logits, [GREEDY, GREEDY], [None, None], narrowed) == [int(before[0].argmax()), best]
+    with_logprobs = SamplingParams(temperature=0.0, logprobs=2)  # its logprobs read the whole masked row
+    assert ConstraintMasker(V, 2)(logits, [SimpleNamespace(constraint=constraint, tokens_left=17,
+                                                           params=with_logprobs)]) == {}
+    assert torch.isfinite(logits[0]).nonzero().view(-1).tolist() == [3, 5]
 
 
 def test_terminated_matcher_allows_nothing():

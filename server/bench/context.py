@@ -66,14 +66,15 @@ class TimedMasker:
     def __init__(self, inner) -> None:
         self.inner, self.on, self.calls = inner, False, []
 
-    def __call__(self, logits, seqs) -> None:
+    def __call__(self, logits, seqs):
         if not self.on:
             return self.inner(logits, seqs)
         rows = sum(seq.constraint is not None for seq in seqs)
         started = time.perf_counter()
-        self.inner(logits, seqs)
+        narrowed = self.inner(logits, seqs)
         if rows:
             self.calls.append((time.perf_counter() - started, rows))
+        return narrowed
 
 
 @dataclass

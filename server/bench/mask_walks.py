@@ -3,8 +3,9 @@
 A walk starts a fresh matcher of one compiled grammar and, for up to ``steps`` tokens, draws random
 logits (the closing tokens favoured in the second half, so walks end), times fill + apply of the
 mask, and advances by the argmax. Walk ``seed`` draws the same logits for every engine, and the
-suite runs each walk on every engine in turn (interleaved). maskd masks as the engine does
-(ConstraintMasker: the per-state sparse id lists on CPU), or with ``packed`` through the packed
+suite runs each walk on every engine in turn (interleaved). maskd masks as the engine does for a
+greedy row (ConstraintMasker: the per-state sparse id lists on CPU; a short allowed list narrows
+the row, and that row's argmax over its ids is timed too), or with ``packed`` through the packed
 bitmask (the CUDA path); xgrammar and llguidance through their own bitmask fill and apply.
 """
 
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from engine.constraint_hook import ConstraintMasker
+from engine.sampling import SamplingParams, sample
 from grammars import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks
 
 
@@ -40,22 +42,25 @@ def walk(step, steps, vocab_size, bias, seed) -> list[float]:
 
 
 def walk_maskd(grammar, tok, vocab, steps, seed, packed=False) -> list[float]:
-    """The engine's ConstraintMasker (fill, then each state's SparseMask on CPU), or with
-    ``packed`` the packed-bitmask apply alone (fill + apply_token_bitmask_inplace)."""
+    """The engine's ConstraintMasker on a greedy row (fill, then each state's SparseMask on CPU; a
+    state with a short allowed list narrows the row, and the argmax over those ids is timed with the
+    mask), or with ``packed`` the packed-bitmask apply alone (fill + apply_token_bitmask_inplace)."""
     bitmask = allocate_token_bitmask(1, vocab.size)
     masker = ConstraintMasker(vocab.size, 1)
     m = grammar.matcher()
-    seqs = [SimpleNamespace(constraint=m, tokens_left=None)]
+    seqs = [SimpleNamespace(constraint=m, tokens_left=None, params=SamplingParams(temperature=0.0))]
 
     def step(logits):
         t = time.perf_counter()
+        narrowed = {}
         if packed:
             fill_next_token_bitmasks([(0, m)], bitmask)
             apply_token_bitmask_inplace(logits, bitmask)
         else:
-            masker(logits, seqs)
-        cost = (time.perf_counter() - t) * 1e6
-        m.advance(int(torch.argmax(logits[0])))
+            narrowed = masker(logits, seqs)
+        token = sample(logits, [seqs[0].params], [None], narrowed) if narrowed else None
+        cost = (time.perf_counter() - t) * 1e6  # a narrowed row's pick (argmax over its ids) counted
+        m.advance(token[0] if token else int(torch.argmax(logits[0])))
         return cost, m.is_terminated()
 
     return walk(step, steps, vocab.size, closers(tok, vocab), seed)
