@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from engine.sequence import Sequence
 from grammars.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks
-from grammars.sparse_mask import apply_sparse_mask_inplace
+from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace
 
 
 class ConstraintMasker:
@@ -17,11 +16,12 @@ class ConstraintMasker:
     On CPU a row whose constraint offers ``sparse_mask(budget)`` (optional; Matcher and
     ToolCallConstraint have one: the tokens ``fill(row, budget)`` would allow, or None) is masked
     from that short id list (8-17 us on a 49k vocabulary) and never filled; the other constrained
-    rows are filled and share one packed-bitmask apply (25-50 us).  A greedy row without logprobs
-    whose list holds the allowed ids is not written at all: the call returns {row: ids} and
-    sample() takes the argmax over those ids (writing -inf over the row cost more than the rest of
-    the mask: 11 us on 49k floats, 39 us on 262k).  On CUDA every constrained row is filled and the
-    packed bitmask is copied to the device and applied there.
+    rows are filled and share one packed-bitmask apply (25-50 us).  A greedy row without logprobs is
+    not written at all: the call returns {row: its SparseMask} and sample() picks the argmax under
+    it (engine/sampling.py settle()): over the allowed ids alone, or the row's own argmax unless it
+    is banned. Writing the mask cost more than the rest of it: -inf over a row of 49k floats 11 us
+    (39 us over 262k), ~700 banned ids of a string state 11-30 us.  On CUDA every constrained row
+    is filled and the packed bitmask is copied to the device and applied there.
     """
 
     def __init__(self, vocab_size: int, max_batch: int):
@@ -37,10 +37,10 @@ class ConstraintMasker:
             mask = self._on_device[device] = torch.empty_like(self.bitmask, device=device)
         return mask.copy_(self.bitmask, non_blocking=True)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, np.ndarray]:
-        """logits: [B, V], row i belongs to seqs[i]; edited in place. Returns the rows narrowed to
-        a list of allowed ids (int64 numpy, ascending) and left unwritten (see the class)."""
-        narrowed: dict[int, np.ndarray] = {}
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, SparseMask]:
+        """logits: [B, V], row i belongs to seqs[i]; edited in place. Returns the rows left
+        unwritten, with their masks (see the class)."""
+        narrowed: dict[int, SparseMask] = {}
         cpu = logits.device.type == "cpu"
         rows = [row for row, seq in enumerate(seqs)
                 if seq.constraint is not None and not (cpu and self._apply_sparse(logits, row, seq, narrowed))]
@@ -55,17 +55,16 @@ class ConstraintMasker:
         return narrowed
 
     @staticmethod
-    def _apply_sparse(logits: torch.Tensor, row: int, seq: Sequence, narrowed: dict[int, np.ndarray]) -> bool:
+    def _apply_sparse(logits: torch.Tensor, row: int, seq: Sequence, narrowed: dict[int, SparseMask]) -> bool:
         """Mask ``row`` from its constraint's SparseMask for this step if it has one that fits (no
-        fill then), or narrow it (``narrowed[row]``); False if it has none."""
+        fill then), or leave it to sample() (``narrowed[row]``); False if it has none."""
         get = getattr(seq.constraint, "sparse_mask", None)
         sparse = get(seq.tokens_left) if get is not None else None
         if sparse is None or sparse.vocab_size != logits.shape[1]:
             return False
-        if sparse.allowed and seq.params.logprobs is None and seq.params.greedy:
-            ids = sparse.id_array()
-            if ids.size:
-                narrowed[row] = ids
-                return True
-        apply_sparse_mask_inplace(logits[row], sparse)
+        if seq.params.logprobs is None and seq.params.greedy and logits.dtype == torch.float32 and (
+                not sparse.allowed or sparse.id_array().size):
+            narrowed[row] = sparse
+        else:
+            apply_sparse_mask_inplace(logits[row], sparse)
         return True

@@ -12,7 +12,6 @@ import time
 from concurrent.futures import Future
 from typing import AsyncIterator, Callable
 
-import numpy as np
 import torch
 
 from engine.logprobs import TokenLogprob, forced_logprob, step_logprobs
@@ -24,13 +23,14 @@ from engine.sampling import apply_logit_bias, sample
 from engine.scheduler import QueueFull, Scheduler
 from engine.sequence import Event, Request, Sequence
 from engine.slot_cache import KVShape, MaskLayout, SlotCache
+from grammars.sparse_mask import SparseMask
 
 log = logging.getLogger("maskd.engine")
 
 # A logits hook sees the step's logits [B, V] and its rows, and edits the logits in place; it may
-# return {row: ascending int64 numpy ids} for greedy rows whose choice it narrowed to those ids
-# without writing -inf over the rest of the row (ConstraintMasker on CPU); sample() argmaxes over them.
-LogitsHook = Callable[[torch.Tensor, list[Sequence]], "dict[int, np.ndarray] | None"]
+# return {row: SparseMask} for greedy rows whose mask it left unwritten (ConstraintMasker on CPU):
+# sample() picks their tokens under those masks.
+LogitsHook = Callable[[torch.Tensor, list[Sequence]], "dict[int, SparseMask] | None"]
 
 
 class Engine:
@@ -221,7 +221,7 @@ class Engine:
             seq.tokens_left = min(seq.params.max_tokens - len(seq.output_ids), seq.capacity - seq.num_tokens)
         apply_logit_bias(logits, seqs)
         apply_penalties(logits, seqs)  # before the hooks: a masked token stays masked
-        narrowed: dict[int, np.ndarray] = {}
+        narrowed: dict[int, SparseMask] = {}
         for hook in self.logits_hooks:
             found = hook(logits, seqs)
             if isinstance(found, dict):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.logprobs import MAX_TOP_LOGPROBS
+from grammars.sparse_mask import SparseMask
 
 
 @dataclass
@@ -59,20 +61,34 @@ def apply_logit_bias(logits: torch.Tensor, seqs) -> None:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
-           narrowed: dict[int, torch.Tensor] | None = None) -> list[int]:
+           narrowed: dict[int, SparseMask] | None = None) -> list[int]:
     """logits: [B, V] (masked entries -inf); one SamplingParams and generator per row (None for
     greedy rows). Returns B token ids; the .tolist() is the step's only host sync.
 
-    ``narrowed``: row -> int64 numpy [k] ascending ids, for greedy rows of CPU logits whose mask
-    allows only those and whose other logits were left unmasked (a logits hook's answer): their
-    token is the argmax over those k logits, the same token as over the masked row, without writing
-    or reading the rest."""
+    ``narrowed``: row -> SparseMask, for greedy rows of CPU logits whose mask a logits hook left
+    unwritten (ConstraintMasker): settle() picks their tokens under those masks."""
     if not narrowed:
         return choose(logits, params, generators).tolist()
-    tokens = choose(logits, params, generators).tolist() if len(narrowed) < len(params) else [0] * len(params)
+    if len(narrowed) == len(params) and all(mask.allowed for mask in narrowed.values()):
+        return settle(logits, [0] * len(params), narrowed)  # no row needs the whole row's argmax
+    return settle(logits, choose(logits, params, generators).tolist(), narrowed)
+
+
+def settle(logits: torch.Tensor, tokens: list[int], narrowed: dict[int, SparseMask]) -> list[int]:
+    """The narrowed greedy rows' tokens, each the argmax of its row under its mask (the first of
+    equal maxima, as over the masked row): over the allowed ids alone; or, for banned ids, the
+    row's own argmax (``tokens[row]``) unless banned, and only then the row masked and argmaxed
+    again. logits: [B, V] float on CPU; tokens: B ids, edited in place and returned."""
     scores = logits.numpy()  # [B, V], a view
-    for row, ids in narrowed.items():
-        tokens[row] = int(ids[scores[row, ids].argmax()])
+    for row, mask in narrowed.items():
+        ids = mask.id_array()  # [k] ascending
+        if mask.allowed:
+            tokens[row] = int(ids[scores[row, ids].argmax()])
+            continue
+        at = int(np.searchsorted(ids, tokens[row]))
+        if at < ids.size and ids[at] == tokens[row]:  # the likeliest token is banned: mask, then argmax
+            scores[row, ids] = -np.inf
+            tokens[row] = int(scores[row].argmax())
     return tokens
 
 

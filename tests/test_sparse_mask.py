@@ -69,10 +69,10 @@ def masked_both_ways(logits, constraints):
     assert narrowed == {}
     narrowed = ConstraintMasker(V, 2)(greedy, [SimpleNamespace(constraint=c, tokens_left=None, params=GREEDY)
                                                for c in constraints])
+    for row in narrowed:
+        assert torch.equal(greedy[row], logits[row])  # a narrowed row is not written by the masker
     n = len(constraints)
     assert sample(greedy, [GREEDY] * n, [None] * n, narrowed) == reference.argmax(-1).tolist()
-    for row in narrowed:
-        assert torch.equal(greedy[row], logits[row])  # a narrowed row is not written
     return reference, fast
 
 
@@ -231,7 +231,7 @@ def test_a_greedy_row_with_an_allowed_list_is_narrowed_not_written():
     before = logits.clone()
     narrowed = ConstraintMasker(V, 2)(logits, [SimpleNamespace(constraint=None, tokens_left=None, params=GREEDY),
                                                SimpleNamespace(constraint=constraint, tokens_left=17, params=GREEDY)])
-    assert constraint.fills == 0 and list(narrowed) == [1] and narrowed[1].tolist() == [3, 5]
+    assert constraint.fills == 0 and list(narrowed) == [1] and narrowed[1] is constraint.sparse
     assert torch.equal(logits, before)
     best = 3 if before[1, 3] >= before[1, 5] else 5
     assert sample(logits, [GREEDY, GREEDY], [None, None], narrowed) == [int(before[0].argmax()), best]
@@ -239,6 +239,22 @@ def test_a_greedy_row_with_an_allowed_list_is_narrowed_not_written():
     assert ConstraintMasker(V, 2)(logits, [SimpleNamespace(constraint=constraint, tokens_left=17,
                                                            params=with_logprobs)]) == {}
     assert torch.isfinite(logits[0]).nonzero().view(-1).tolist() == [3, 5]
+
+
+@pytest.mark.parametrize("banned_first", [True, False])
+def test_a_greedy_row_with_a_banned_list_takes_its_own_argmax_unless_banned(banned_first):
+    logits = torch.randn(3, V)
+    top = int(logits[1].argmax())
+    logits[1, top + 1] = logits[1, top]  # a tie: the first of equal maxima wins, as over the masked row
+    banned = [7, top] if banned_first else [7, top + 2]
+    reference = logits.clone()
+    reference[1, banned] = float("-inf")
+    mask = SparseMask(False, torch.tensor(sorted(banned)), V)
+    params = [GREEDY, GREEDY, SAMPLED]
+    generators = [None, None, SAMPLED.make_generator()]
+    expected = [int(logits[0].argmax()), int(reference[1].argmax())]
+    assert expected[1] == (top + 1 if banned_first else top)
+    assert sample(logits, params, generators, {1: mask})[:2] == expected
 
 
 def test_terminated_matcher_allows_nothing():

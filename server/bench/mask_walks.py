@@ -4,8 +4,8 @@ A walk starts a fresh matcher of one compiled grammar and, for up to ``steps`` t
 logits (the closing tokens favoured in the second half, so walks end), times fill + apply of the
 mask, and advances by the argmax. Walk ``seed`` draws the same logits for every engine, and the
 suite runs each walk on every engine in turn (interleaved). maskd masks as the engine does for a
-greedy row (ConstraintMasker: the per-state sparse id lists on CPU; a short allowed list narrows
-the row, and that row's argmax over its ids is timed too), or with ``packed`` through the packed
+greedy row (ConstraintMasker: the per-state sparse id lists on CPU, left to the pick where a
+greedy row allows it, whose masked part is timed too), or with ``packed`` through the packed
 bitmask (the CUDA path); xgrammar and llguidance through their own bitmask fill and apply.
 """
 
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from engine.constraint_hook import ConstraintMasker
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingParams, settle
 from grammars import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks
 
 
@@ -42,9 +42,11 @@ def walk(step, steps, vocab_size, bias, seed) -> list[float]:
 
 
 def walk_maskd(grammar, tok, vocab, steps, seed, packed=False) -> list[float]:
-    """The engine's ConstraintMasker on a greedy row (fill, then each state's SparseMask on CPU; a
-    state with a short allowed list narrows the row, and the argmax over those ids is timed with the
-    mask), or with ``packed`` the packed-bitmask apply alone (fill + apply_token_bitmask_inplace)."""
+    """The engine's ConstraintMasker on a greedy row (fill, then each state's SparseMask on CPU),
+    with the mask's part of the pick (engine/sampling.py settle(): the argmax over a state's allowed
+    ids, or the check of the row's own argmax against its banned ids) timed, and the row's own
+    argmax not, as for the peers; or with ``packed`` the packed-bitmask apply alone (fill +
+    apply_token_bitmask_inplace)."""
     bitmask = allocate_token_bitmask(1, vocab.size)
     masker = ConstraintMasker(vocab.size, 1)
     m = grammar.matcher()
@@ -52,15 +54,19 @@ def walk_maskd(grammar, tok, vocab, steps, seed, packed=False) -> list[float]:
 
     def step(logits):
         t = time.perf_counter()
-        narrowed = {}
         if packed:
             fill_next_token_bitmasks([(0, m)], bitmask)
             apply_token_bitmask_inplace(logits, bitmask)
+            cost = (time.perf_counter() - t) * 1e6
+            token = int(torch.argmax(logits[0]))
         else:
             narrowed = masker(logits, seqs)
-        token = sample(logits, [seqs[0].params], [None], narrowed) if narrowed else None
-        cost = (time.perf_counter() - t) * 1e6  # a narrowed row's pick (argmax over its ids) counted
-        m.advance(token[0] if token else int(torch.argmax(logits[0])))
+            cost = time.perf_counter() - t
+            plain = [0] if narrowed and narrowed[0].allowed else [int(logits.numpy()[0].argmax())]  # not timed
+            t = time.perf_counter()
+            token = settle(logits, plain, narrowed)[0]  # the mask's part of the pick, timed
+            cost = (cost + time.perf_counter() - t) * 1e6
+        m.advance(token)
         return cost, m.is_terminated()
 
     return walk(step, steps, vocab.size, closers(tok, vocab), seed)
