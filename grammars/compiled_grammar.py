@@ -20,7 +20,7 @@ import torch
 from grammars.budget import ALLOWED, NONE, BudgetTable, build_budget_table
 from grammars.free_values import HOLE_REGEX
 from grammars.plain_tokens import plain_tokens
-from grammars.sparse_mask import SparseMask, sparse_mask, sparse_of_ids
+from grammars.sparse_mask import SparseMask, sparse_mask
 from grammars.unit_index import IndexCursor, TokenIndex
 from grammars.vocabulary import TokenVocabulary
 
@@ -165,7 +165,7 @@ class CompiledGrammar:
             stored = self.budget.sparse_ids(state, self.vocabulary.size)
             if stored is not None:
                 kind, ids = stored
-                sparse = None if kind == NONE else sparse_of_ids(
+                sparse = None if kind == NONE else SparseMask(
                     kind == ALLOWED, ids.astype(np.int64), self.vocabulary.size)
             elif sparse is _UNSEEN:
                 self._sparse[state] = _SEEN_ONCE

@@ -22,8 +22,6 @@ CUDA the packed bitmask is applied on the device.
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple
-
 import numpy as np
 import torch
 
@@ -34,22 +32,32 @@ _BUFFERS: dict[tuple, torch.Tensor] = {}
 _LOCK = threading.Lock()
 
 
-class SparseMask(NamedTuple):
-    """The tokens on the short side of a mask over ``vocab_size`` tokens."""
-    allowed: bool  # True: ids are the only allowed tokens; False: ids are the banned tokens
-    ids: torch.Tensor  # int64 [k], ascending, all < vocab_size
-    vocab_size: int
-    array: np.ndarray | None = None  # the same ids as a numpy array sharing their memory, where built so
+class SparseMask:
+    """The tokens on the short side of a mask over ``vocab_size`` tokens, ascending, all below it:
+    ``allowed`` True, the only allowed ones; False, the banned ones. Held as an int64 numpy array
+    (``array``, what the CPU paths read); ``ids`` is a torch view of it, made on first use (a state's
+    first visit makes a SparseMask, and a tensor costs 10-20 us there)."""
+
+    __slots__ = ("allowed", "array", "vocab_size", "_ids")
+
+    def __init__(self, allowed: bool, ids: torch.Tensor | np.ndarray, vocab_size: int):
+        self.allowed, self.vocab_size = allowed, vocab_size
+        if isinstance(ids, torch.Tensor):
+            self._ids, self.array = ids, ids.numpy()
+        else:
+            self._ids, self.array = None, np.asarray(ids, dtype=np.int64)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """int64 [k]: the ids as a tensor sharing the array's memory."""
+        if self._ids is None:
+            with torch.inference_mode(False):  # read later both inside and outside the engine's step
+                self._ids = torch.from_numpy(self.array)
+        return self._ids
 
     def id_array(self) -> np.ndarray:
-        """int64 [k]: ``ids`` as numpy (stored where built so: a .numpy() costs 1-5 us per token)."""
-        return self.array if self.array is not None else self.ids.numpy()
-
-
-def sparse_of_ids(allowed: bool, ids: np.ndarray, vocab_size: int) -> SparseMask:
-    """A SparseMask of int64 ``ids`` (ascending), torch and numpy views of one array."""
-    with torch.inference_mode(False):  # read later both inside and outside the engine's step
-        return SparseMask(allowed, torch.from_numpy(ids), vocab_size, ids)
+        """int64 [k]: the ids as numpy."""
+        return self.array
 
 
 def sparse_mask(bitmask_row: torch.Tensor, vocab_size: int) -> SparseMask | None:
@@ -72,7 +80,7 @@ def sparse_mask(bitmask_row: torch.Tensor, vocab_size: int) -> SparseMask | None
         keep_allowed = True
     else:
         return None
-    return sparse_of_ids(keep_allowed, _set_bits(words), vocab_size)
+    return SparseMask(keep_allowed, _set_bits(words), vocab_size)
 
 
 def _set_bits(words: np.ndarray) -> np.ndarray:

@@ -111,6 +111,28 @@ def test_matcher_fast_path_equals_bitmask_path(seed):
     assert {"allowed", "disallowed"} <= kinds and eos_seen
 
 
+FREE_SCHEMA = {"type": "object", "properties": {"meta": {}, "tags": {"type": "array"},
+                                               "opts": {"type": "object", "additionalProperties": True}},
+               "required": ["meta", "tags", "opts"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_free_values_fast_path_equals_bitmask_path(seed):
+    """Inside free values the sparse forms are merged from the JSON automaton's and the tokens that
+    leave the value (hole_tables._merged), not read from the row: the same tokens either way."""
+    grammar = shared_compiler().compile_json_schema(FREE_SCHEMA)
+    matcher = grammar.matcher()
+    walk_and_compare(matcher, seed, steps=200)
+    tables = grammar.hole_tables()
+    values = [entry for key, entry in tables._memo.items() if key[0] == "value"]
+    assert values
+    for row, sparse in values:
+        read = sparse_mask(row, V)
+        assert (sparse is None) == (read is None)
+        if sparse is not None:
+            assert sparse.allowed == read.allowed and sparse.ids.tolist() == read.ids.tolist()
+
+
 def test_sparse_mask_comes_from_compile_time_on_a_states_first_visit():
     grammar = shared_compiler().compile_json_schema({"enum": ["first", "second"]})
     matcher = grammar.matcher()
