@@ -25,7 +25,6 @@ from grammars.errors import GrammarError
 from grammars.free_values import HOLE
 from grammars.json_value_lexer import (AFTER, ARRAY, COMPLETE, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT,
                                        N_ZERO, OBJECT, S_BASE, S_BODY, VALUE, scan)
-from grammars.budget import ALLOWED_MAX, DISALLOWED_MAX
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.sparse_mask import SparseMask, sparse_mask
 
@@ -263,7 +262,7 @@ class HoleTables:
         row = torch.zeros(self.width, dtype=torch.int32)  # [W]
         value.fill(row)
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
-        entry = self._row(row, self.leaving(state, hole)[0], clear=clear, base_sparse=value.sparse_mask())
+        entry = self._row(row, self.leaving(state, hole)[0], clear=clear)
         if key is not None:
             self._memo[key] = entry
         return entry
@@ -280,11 +279,7 @@ class HoleTables:
                 total += 8 * len(entry)
         return total
 
-    def _row(self, base: torch.Tensor, add: list[int], clear,
-             base_sparse: SparseMask | None = None) -> tuple[torch.Tensor, SparseMask | None]:
-        """``base`` with ``clear`` taken out and ``add`` put in, and its sparse form: merged from
-        ``base_sparse`` (``base``'s) where that keeps its kind, else read from the row (~100 us on
-        49k tokens; a merge of sorted lists costs a few)."""
+    def _row(self, base: torch.Tensor, add: list[int], clear) -> tuple[torch.Tensor, SparseMask | None]:
         with torch.inference_mode(False):
             row = base.clone()  # [W]
             words = row.numpy().view(np.uint32)
@@ -293,26 +288,7 @@ class HoleTables:
             if add:
                 ids = np.asarray(add, dtype=np.int64)
                 np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
-            merged = None if base_sparse is None else _merged(base_sparse, add, clear, self.size)
-            return row, merged if merged is not None else sparse_mask(row, self.size)
-
-
-def _merged(base: SparseMask, add: list[int], clear, size: int) -> SparseMask | None:
-    """The sparse form of base's tokens less ``clear``, plus ``add`` (as _row writes the row), in
-    base's kind; None where sparse_mask()'s rule would pick another form for that row."""
-    add = np.asarray(add, dtype=np.int64)
-    clear = np.asarray(list(clear), dtype=np.int64)
-    add, clear = add[add < size], clear[clear < size]
-    if base.allowed:
-        ids = np.union1d(np.setdiff1d(base.array, clear), add)
-        allowed = ids.size
-        banned = size - allowed
-        keeps = not (banned <= DISALLOWED_MAX and banned <= allowed) and allowed <= ALLOWED_MAX
-    else:
-        ids = np.setdiff1d(np.union1d(base.array, clear), add)
-        banned = ids.size
-        keeps = banned <= DISALLOWED_MAX and banned <= size - banned
-    return SparseMask(base.allowed, ids.astype(np.int64), size) if keeps else None
+            return row, sparse_mask(row, self.size)
 
 
 def _bits(row: torch.Tensor, size: int) -> list[int]:

@@ -118,19 +118,12 @@ FREE_SCHEMA = {"type": "object", "properties": {"meta": {}, "tags": {"type": "ar
 
 @pytest.mark.parametrize("seed", range(3))
 def test_free_values_fast_path_equals_bitmask_path(seed):
-    """Inside free values the sparse forms are merged from the JSON automaton's and the tokens that
-    leave the value (hole_tables._merged), not read from the row: the same tokens either way."""
+    """Inside and around free values (HoleMatcher: HoleTables' rows and sparse forms, greedy rows
+    narrowed) the fast path masks as the bitmask path does."""
     grammar = shared_compiler().compile_json_schema(FREE_SCHEMA)
-    matcher = grammar.matcher()
-    walk_and_compare(matcher, seed, steps=200)
-    tables = grammar.hole_tables()
-    values = [entry for key, entry in tables._memo.items() if key[0] == "value"]
-    assert values
-    for row, sparse in values:
-        read = sparse_mask(row, V)
-        assert (sparse is None) == (read is None)
-        if sparse is not None:
-            assert sparse.allowed == read.allowed and sparse.ids.tolist() == read.ids.tolist()
+    kinds, _ = walk_and_compare(grammar.matcher(), seed, steps=200)
+    assert {"allowed", "disallowed"} <= kinds
+    assert any(key[0] == "value" for key in grammar.hole_tables()._memo)  # the walk went inside a value
 
 
 def test_sparse_mask_comes_from_compile_time_on_a_states_first_visit():
