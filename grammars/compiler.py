@@ -221,6 +221,7 @@ class GrammarCompiler:
             started = time.perf_counter()
             self._json = json_value_automaton(self.vocabulary, cache_dir=self.cache_dir)
             self.stats["json_automaton_seconds"] = time.perf_counter() - started
+            self._after.later(self._json.warm, self._after.pause)  # its masks, while the engine idles
         return self._json
 
     def json_object_matcher(self):

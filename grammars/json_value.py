@@ -32,7 +32,7 @@ import torch
 
 from grammars.cache_version import JSON_VALUE_VERSION
 from grammars.json_value_distance import INF, JsonValueDistance
-from grammars.json_value_lexer import COMPLETE, MAX_DEPTH, NUM_STATES, TOP_OBJECT, VALUE, scan
+from grammars.json_value_lexer import ARRAY, COMPLETE, MAX_DEPTH, NUM_STATES, OBJECT, TOP_OBJECT, VALUE, scan
 from grammars.json_value_tables import JsonValueTables, build_tables, load_tables, save_tables
 from grammars.private_dir import owned_file, private_dir
 from grammars.sparse_mask import SparseMask, sparse_mask
@@ -166,6 +166,20 @@ class JsonValueAutomaton:
         if got is None:
             got = self._entries.setdefault(key, self._make_entry(q, frame, room))
         return got
+
+    def warm(self, pause=lambda: None) -> None:
+        """Every entry of a stack at most max_read deep made ahead (each is what its first use would
+        make; deeper stacks share their keys): ~300 rows, once per vocabulary. GrammarCompiler runs
+        it in the background once the automaton is loaded; ``pause()`` runs between entries."""
+        level, stacks = [()], [()]
+        for _ in range(self.max_read):
+            level = [stack + (kind,) for stack in level for kind in (OBJECT, ARRAY)]
+            stacks += level
+        for stack in stacks:
+            frame = self.frame_of(stack)
+            for q in range(NUM_STATES):
+                pause()
+                self.entry(q, frame)
 
     def _make_entry(self, q: int, frame: Frame, room: int) -> Entry:
         final = self.is_final(q, frame)

@@ -411,3 +411,18 @@ def test_budget_mask_is_every_token_that_still_fits(automaton, vocab, prefix):
         matcher.fill(row, budget)
         limit = max(budget - 1, matcher.min_tokens() - 1)
         assert _allowed(row, vocab.size) == {t for t, n in after.items() if n <= limit}
+
+
+def test_warm_makes_every_mask_a_nested_value_reaches():
+    """warm() (run in the background once the automaton is loaded) makes the entries that first
+    visits would make, at any depth: walking a deeply nested value afterwards makes none."""
+    automaton = JsonValueAutomaton(json_value_automaton(smollm2_vocabulary()).tables,
+                                   smollm2_vocabulary().eos_token_ids)  # fresh entries
+    automaton.warm()
+    made = len(automaton._entries)
+    text = b'{"a":[{"b":{"c":[[1.5e+3,-2,"x\\n\\"y"],{"d":null,"e":[true,false]}]}}],"f":"g"}'
+    matcher = _at(automaton, smollm2_vocabulary(), text)
+    row = torch.zeros(automaton.width, dtype=torch.int32)
+    for cut in range(len(text) + 1):
+        _at(automaton, smollm2_vocabulary(), text[:cut]).fill(row)
+    assert matcher.finished() and len(automaton._entries) == made
