@@ -21,10 +21,13 @@ CUDA the packed bitmask is applied on the device.
 
 from __future__ import annotations
 
+import ctypes
 import threading
+
 import numpy as np
 import torch
 
+from grammars import native
 from grammars.budget import ALLOWED_MAX, DISALLOWED_MAX  # noqa: F401 - the rule, shared with compile time
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)  # bfloat16: torch's ops
@@ -84,11 +87,32 @@ def sparse_mask(bitmask_row: torch.Tensor, vocab_size: int) -> SparseMask | None
 
 
 def _set_bits(words: np.ndarray) -> np.ndarray:
-    """int64 [k] ascending positions of the set bits of uint32 [W] (~10 us on 1536 words)."""
+    """int64 [k] ascending positions of the set bits of uint32 [W]: in C (grammars/_set_bits.c,
+    ~2 us for 700 bits of 1536 words), else numpy (120-190 us)."""
+    routine = _set_bits_routine()
+    if routine is not None:
+        words = np.ascontiguousarray(words, dtype=np.uint32)
+        out = np.empty(int(np.bitwise_count(words).sum()), dtype=np.int64)
+        if routine(words.ctypes.data, words.size, out.ctypes.data, out.size) == out.size:
+            return out
     nonzero = np.flatnonzero(words)  # [n] words with a set bit
-    bits = np.unpackbits(words[nonzero].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")  # [n, 32]
-    word, bit = np.nonzero(bits)
-    return (nonzero[word] * 32 + bit).astype(np.int64)
+    bits = np.flatnonzero(np.unpackbits(words[nonzero].view(np.uint8), bitorder="little"))  # [k] in n*32
+    return nonzero[bits >> 5] * 32 + (bits & 31)
+
+
+_ROUTINE: list = []  # [] not looked up yet; [None]: no C library; [the ctypes function]
+
+
+def _set_bits_routine():
+    if not _ROUTINE:
+        library = native.library()
+        routine = None
+        if library is not None:
+            routine = library.set_bits
+            routine.restype = ctypes.c_int64
+            routine.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        _ROUTINE.append(routine)
+    return _ROUTINE[0]
 
 
 def apply_sparse_mask_inplace(logits_row: torch.Tensor, mask: SparseMask) -> None:

@@ -321,3 +321,17 @@ def test_apply_sparse_mask_refuses_a_row_of_another_width():
     row = torch.arange(10, dtype=torch.bfloat16)
     apply_sparse_mask_inplace(row, sparse)
     assert torch.isfinite(row).nonzero().view(-1).tolist() == [1, 2] and row[2] == 2
+
+
+@pytest.mark.parametrize("count", [0, 1, 700, 8000, V])
+def test_set_bits_in_c_and_numpy_equal_the_bits(count, monkeypatch):
+    from grammars import sparse_mask as module
+
+    bits = np.zeros(V, dtype=bool)
+    bits[np.random.default_rng(count).choice(V, count, replace=False)] = True
+    words = np.packbits(bits, bitorder="little").view(np.uint32)
+    expected = np.flatnonzero(bits).tolist()
+    assert module._set_bits_routine() is not None  # the C routine is built on this machine
+    assert module._set_bits(words).tolist() == expected
+    monkeypatch.setattr(module, "_ROUTINE", [None])  # no C compiler: numpy
+    assert module._set_bits(words).tolist() == expected
