@@ -255,10 +255,11 @@ class HoleTables:
     def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:
         """(row, sparse) inside the value that started at unit state ``hole``: its own tokens (EOS only
         where the unit may end after it) and the tokens that leave it."""
-        state, after = value.state, self.hole_after(hole)
+        state = value.state
         key = ("value", state, hole) if len(state[1]) <= _EXIT_DEPTH else None
         if key is not None and key in self._memo:
             return self._memo[key]
+        after = self.hole_after(hole)
         row = torch.zeros(self.width, dtype=torch.int32)  # [W]
         value.fill(row)
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)

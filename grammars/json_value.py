@@ -44,21 +44,18 @@ log = logging.getLogger("maskd.grammars")
 class Frame:
     """One open container (or the empty stack: ``kind`` None) and its distance profile; immutable."""
 
-    __slots__ = ("parent", "kind", "depth", "top", "pids", "base")
+    __slots__ = ("parent", "kind", "depth", "top", "pids", "base", "kinds")
 
     def __init__(self, parent, kind, depth: int, top: tuple, pids: tuple, base: int) -> None:
         self.parent, self.kind, self.depth = parent, kind, depth
         self.top = top  # container types, innermost first (at most the automaton's max_read)
         self.pids = pids  # distance profiles of this depth and those below (at most max_pops + 1)
         self.base = base  # fewest tokens to close every container from right after a value
+        self.kinds = () if parent is None else parent.kinds + (kind,)  # made once: masks key on it per token
 
     def stack(self) -> tuple[int, ...]:
         """Container types, outermost first."""
-        kinds, frame = [], self
-        while frame.parent is not None:
-            kinds.append(frame.kind)
-            frame = frame.parent
-        return tuple(reversed(kinds))
+        return self.kinds
 
 
 class Entry(NamedTuple):
