@@ -218,7 +218,7 @@ class Engine:
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """logits: [B, V], one row per seq. Samples, then appends each row's token."""
         for seq in seqs:
-            seq.tokens_left = min(seq.params.max_tokens - len(seq.output_ids), seq.capacity - seq.num_tokens)
+            seq.tokens_left = _tokens_left(seq)
         apply_logit_bias(logits, seqs)
         apply_penalties(logits, seqs)  # before the hooks: a masked token stays masked
         narrowed: dict[int, SparseMask] = {}
@@ -244,8 +244,7 @@ class Engine:
         while seq.constraint is not None:
             forced = seq.constraint.forced()
             if not forced and extend and self.forced_text is not None:
-                left = min(seq.params.max_tokens - len(seq.output_ids), seq.capacity - seq.num_tokens)
-                forced = self.forced_text(seq.constraint, left)  # a run of text allowed alone, in the tokenizer's split
+                forced = self.forced_text(seq.constraint, _tokens_left(seq))  # text allowed alone, the tokenizer's split
             if not forced:
                 return
             for forced_token in forced:
@@ -292,6 +291,11 @@ class Engine:
         self.scheduler.release(seq, keep_kv=reason != "error")
         self.metrics.finished(seq, reason)
         seq.request.emit(seq.event(token_ids or [], text, error=error, logprobs=logprobs))
+
+
+def _tokens_left(seq: Sequence) -> int:
+    """Tokens the request may still generate: the smaller of max_tokens and the context left."""
+    return min(seq.params.max_tokens - len(seq.output_ids), seq.capacity - seq.num_tokens)
 
 
 class PromptTooLong(ValueError):
