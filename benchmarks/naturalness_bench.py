@@ -1,12 +1,12 @@
 """Naturalness of constrained tokens: the share that differ from the tokenizer's own encoding of the text.
 
-    python benchmarks/naturalness_bench.py [--stride 17] [--limit N] [--out benchmarks/results/naturalness_bench.json]
+    python benchmarks/naturalness_bench.py [--stride 17] [--limit N] [--no-forced-text] [--out benchmarks/results/naturalness_bench.json]
 
 A grammar mask may steer the model into spelling text with tokens its tokenizer would not choose
 (a mask that forbids `}}` forces `}` `}`). Per constrained output, through maskd's in-process chat
-path (greedy, max_tokens 96, the embedded model): take the generated ids of the constrained span,
-join their bytes (TokenVocabulary.token_bytes: exact bytes per token, where decoding one token at a
-time would mangle split UTF-8), re-encode that text with ``tokenizer.encode(text, add_special_tokens=False)``
+path (greedy, max_tokens 96, the embedded model, forced runs split as `maskd serve` splits them):
+take the generated ids of the constrained span, join their bytes (TokenVocabulary.token_bytes:
+exact bytes per token, where decoding one token at a time would mangle split UTF-8), re-encode that text with ``tokenizer.encode(text, add_special_tokens=False)``
 and compare boundaries: a generated token *differs* when its (start, end) byte span is not the span
 of a token of the re-encoding. An output cut by max_tokens counts as generated. Tasks:
   tools       every --stride-th BFCL schema as tools, tool_choice "required". The span is the call
@@ -58,13 +58,20 @@ FREE_SCHEMAS = (
 )
 
 
-def load_state(cache_dir: str, timeout: float) -> ServerState:
-    """As `maskd serve`: disk grammar cache, one compile worker (the machine is shared)."""
+def load_state(cache_dir: str, timeout: float, forced_text: bool = True) -> ServerState:
+    """As `maskd serve`: disk grammar cache, one compile worker (the machine is shared), forced text
+    fed in the tokenizer's split (unless ``forced_text`` is False, or the code predates it)."""
     loaded = load_model(load_registry().get(None))
     vocabulary = TokenVocabulary.from_tokenizer(loaded.tokenizer, loaded.vocab_size,
                                                 extra_eos_token_ids=tuple(loaded.eos_token_ids))
     engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
                     logits_hooks=[ConstraintMasker(loaded.vocab_size, 8)], prefix_cache_bytes=512 << 20)
+    if forced_text:
+        try:
+            from grammars.forced_text import ForcedText
+            engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)
+        except ImportError:  # older code: forced singletons only
+            pass
     engine.start()
     compiler = GrammarCompiler(vocabulary, cache_dir=cache_dir, timeout_s=timeout, workers=1)
     if hasattr(compiler, "json_automaton"):
@@ -196,10 +203,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (batched)")
     parser.add_argument("--grammar-timeout", type=float, default=60.0, help="compile time limit, s")
     parser.add_argument("--grammar-cache", default=os.path.join(os.path.expanduser("~"), ".cache", "maskd", "grammars"))
+    parser.add_argument("--no-forced-text", action="store_true", help="forced runs off (singletons only)")
     parser.add_argument("--out", type=Path, default=RESULTS / "naturalness_bench.json")
     args = parser.parse_args()
     print(f"maskd from {Path(chat.__file__).resolve().parents[1]}", flush=True)
-    state = load_state(args.grammar_cache, args.grammar_timeout)
+    state = load_state(args.grammar_cache, args.grammar_timeout, forced_text=not args.no_forced_text)
     try:
         records = asyncio.run(bench(state, requests(state, args.stride, args.limit), args.concurrency))
     finally:
@@ -213,7 +221,7 @@ def main() -> None:
               f" {r['outputs_with_difference']:15.1%} {r['cut_by_max_tokens']:4} {r['not_compared']:12}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     source = str(Path(chat.__file__).resolve().parents[1])
-    args.out.write_text(json.dumps({"maskd": source, "stride": args.stride, "summary": table,
+    args.out.write_text(json.dumps({"maskd": source, "stride": args.stride, "forced_text": not args.no_forced_text, "summary": table,
                                     "records": records}, indent=1))
     plot(table, args.out.with_suffix(".png"), source)
     print(f"wrote {args.out} and {args.out.with_suffix('.png').name}")
