@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import torch
 
@@ -24,6 +24,9 @@ from engine.scheduler import QueueFull, Scheduler
 from engine.sequence import Event, Request, Sequence
 from engine.slot_cache import KVShape, MaskLayout, SlotCache
 from grammars.sparse_mask import SparseMask
+
+if TYPE_CHECKING:
+    from grammars.forced_text import ForcedText
 
 log = logging.getLogger("maskd.engine")
 
@@ -55,9 +58,9 @@ class Engine:
         self.max_batch = max_batch
         self.max_waiting = max_waiting
         self.logits_hooks = list(logits_hooks or [])
-        # constraint -> tokens of the text it allows alone (grammars.forced_text.ForcedText), set by
-        # whoever knows the grammar vocabulary; used where forced runs are fed in one pass
-        self.forced_text: Callable[[object], list[int]] | None = None
+        # the text a constraint allows alone, in the tokenizer's split; set by whoever knows the
+        # grammar vocabulary; used where forced runs are fed in one pass
+        self.forced_text: ForcedText | None = None
         self.metrics = EngineMetrics()
         prefix_cache = RadixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.scheduler = Scheduler(self.runner, slots, prefill_chunk, prefix_cache, self.metrics, extend=forced_extend)
@@ -236,15 +239,24 @@ class Engine:
                 self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
 
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
-        """Appends the sampled token, then any tokens the constraint forces (jump-forward)."""
-        if not self._append_one(seq, token, logprob):
-            return
+        """Appends the sampled token, then any tokens the constraint forces (jump-forward). Where a
+        forced run follows, the sampled token and the run are split as the tokenizer splits them
+        together (the token is replaced when the tokenizer merges it with the run; not with logprobs,
+        which report the sampled token)."""
         k = seq.params.logprobs
-        extend = self.scheduler.extend and seq.params.forced_extend
+        extend = self.scheduler.extend and seq.params.forced_extend and self.forced_text is not None
+        run, walked = [token], False
+        if extend and seq.constraint is not None and k is None and token not in seq.stop_token_ids:
+            run = self.forced_text.joined(seq.constraint, token, _tokens_left(seq))
+            walked = run == [token]  # nothing forced after the sampled token: no need to walk again
+        for appended in run:
+            if not self._append_one(seq, appended, logprob):
+                return
         while seq.constraint is not None:
             forced = seq.constraint.forced()
-            if not forced and extend and self.forced_text is not None:
+            if not forced and extend and not walked:
                 forced = self.forced_text(seq.constraint, _tokens_left(seq))  # text allowed alone, the tokenizer's split
+            walked = False
             if not forced:
                 return
             for forced_token in forced:

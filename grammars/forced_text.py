@@ -10,6 +10,11 @@ checked against the constraint, and all but the last returned: in the tokenizer'
 whole output the last one may merge with what the model writes next, so it is left to the model
 (under the mask).
 
+The joint before the run is split in context too (`joined()`): the token the model has just sampled
+and the forced text after it are encoded together, and where the tokenizer merges them (a value's
+closing `"` and the `,` after it are one token, `",`), that split replaces the sampled token. The text
+is the same; only its tokens change, before the model has seen any of them.
+
 Exact: a byte counts as forced only if no allowed token begins otherwise, so the text returned is
 text the masked model would have had to write; only its split into tokens is the tokenizer's.
 Needs from a constraint: sparse_mask() or fill(), advance(), rollback(); others get nothing.
@@ -47,8 +52,43 @@ class ForcedText:
         (the tokens the request may still generate), the run stops before a token after which the
         output could no longer close within it: the tokenizer's split may be longer than the
         shortest, and near the end of the budget the masked model then picks the shorter one."""
-        if not all(hasattr(constraint, name) for name in ("rollback", "advance", "fill")):
+        if not _walkable(constraint):
             return []
+        text = self._walk(constraint)
+        return self._tokens(constraint, text, budget) if len(text) > 1 else []
+
+    def joined(self, constraint, sampled: int, budget: int | None = None) -> list[int]:
+        """What to append for the token the model just sampled (not yet given to ``constraint``):
+        its text and the text forced after it, in the tokens the tokenizer writes for both together
+        (less the last, as in ``__call__``, unless that last token holds the sampled token's text);
+        [sampled] where nothing is forced after it. Where that split does not cover the sampled
+        token's text (a split the constraint refuses), the sampled token stays and the forced run
+        after it is split on its own. The constraint is left as it was."""
+        if not _walkable(constraint):
+            return [sampled]
+        constraint.advance(sampled)  # a refused token raises here, as appending it would
+        try:
+            text = self._walk(constraint)
+        finally:
+            constraint.rollback(1)
+        if len(text) <= 1:
+            return [sampled]
+        head = self.vocabulary.token_bytes.get(sampled, b"")
+        together = self._tokens(constraint, head + text, budget) if head else []
+        if head and len(self._spell(together)) < len(head):  # `"` then `:"`: the tokenizer writes one
+            together = self._tokens(constraint, head + text, budget, keep_last=True)  # token, `":"`: take it
+        if head and len(self._spell(together)) >= len(head):
+            return together
+        constraint.advance(sampled)
+        try:
+            after = self._tokens(constraint, text, budget - 1 if budget is not None else None)
+        finally:
+            constraint.rollback(1)
+        return [sampled, *after]
+
+    def _walk(self, constraint) -> bytes:
+        """The bytes the constraint allows alone from here, walked one byte token at a time (at most
+        ``limit``); the constraint is left as it was."""
         text, steps = bytearray(), 0
         try:
             while len(text) < self.limit:
@@ -62,7 +102,10 @@ class ForcedText:
                 text.append(byte)
         finally:
             constraint.rollback(steps)
-        return self._tokens(constraint, bytes(text), budget) if steps > 1 else []
+        return bytes(text)
+
+    def _spell(self, tokens: list[int]) -> bytes:
+        return b"".join(self.vocabulary.token_bytes.get(token, b"") for token in tokens)
 
     def _allowed(self, constraint) -> torch.Tensor | None:
         """The ids the constraint allows next (int64, ascending) when they are few, else None."""
@@ -74,6 +117,19 @@ class ForcedText:
             sparse = sparse_of_row(self._row, self.vocabulary.size)
         return sparse.ids if sparse is not None and sparse.allowed and len(sparse.ids) else None
 
+    def _allows(self, constraint, token: int) -> bool:
+        """Whether the constraint allows ``token`` next (by its mask without a budget; inside a
+        string most tokens are, and the short side of the mask is the banned one)."""
+        get = getattr(constraint, "sparse_mask", None)
+        sparse = get(None) if get is not None else None
+        if sparse is not None:
+            at = int(np.searchsorted(sparse.array, token))
+            found = at < len(sparse.array) and int(sparse.array[at]) == token
+            return found == sparse.allowed
+        self._row.zero_()
+        constraint.fill(self._row, None)
+        return bool(int(self._row[token >> 5]) >> (token & 31) & 1)
+
     def _forced_byte(self, allowed: torch.Tensor | None) -> int | None:
         if allowed is None:
             return None
@@ -83,9 +139,9 @@ class ForcedText:
             return None
         return byte
 
-    def _tokens(self, constraint, text: bytes, budget: int | None) -> list[int]:
+    def _tokens(self, constraint, text: bytes, budget: int | None, keep_last: bool = False) -> list[int]:
         """The tokenizer's tokens for ``text`` that the constraint accepts in turn (and that leave
-        the output room to close within ``budget``), less the last."""
+        the output room to close within ``budget``), less the last (unless ``keep_last``)."""
         while text:
             try:
                 decoded = text.decode("utf-8")
@@ -99,7 +155,7 @@ class ForcedText:
         try:
             for token in ids:
                 spelled += self.vocabulary.token_bytes.get(token, b"\0")
-                if not text.startswith(spelled) or not _contains(self._allowed(constraint), token):
+                if not text.startswith(spelled) or not self._allows(constraint, token):
                     break  # e.g. a tokenizer that adds a leading space, or a split the automaton refuses
                 constraint.advance(token)
                 taken.append(token)
@@ -109,7 +165,11 @@ class ForcedText:
                     return taken
         finally:
             constraint.rollback(len(taken))
-        return taken[:-1] if spelled == text and len(taken) == len(ids) else taken
+        return taken[:-1] if not keep_last and spelled == text and len(taken) == len(ids) else taken
+
+
+def _walkable(constraint) -> bool:
+    return all(hasattr(constraint, name) for name in ("rollback", "advance", "fill"))
 
 
 def _contains(ids: torch.Tensor | None, token: int) -> bool:

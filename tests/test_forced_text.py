@@ -1,8 +1,16 @@
 """grammars/forced_text.py on the SmolLM2 vocabulary: the text a grammar allows alone comes back as
 the tokenizer's own tokens (less the last), and nothing comes back where the model has a choice."""
 
+import json
+
+import torch
+from engine_fixtures import VOCAB, prompt, run, tiny_model  # noqa: F401 - tiny_model is a fixture
 from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
 
+from engine.constraint_hook import ConstraintMasker
+from engine.engine import Engine
+from engine.sampling import SamplingParams
+from engine.sequence import Request
 from grammars.forced_text import ForcedText
 
 SCHEMA = {"type": "object", "properties": {"location": {"type": "string"},
@@ -66,3 +74,64 @@ def test_a_forced_run_never_spends_the_budget_the_output_needs_to_close():
         matcher.advance(token)
     assert matcher.min_tokens() <= budget - len(forced), spell(forced)
     assert len(forced) >= 1, "the part of the run that fits is still forced"
+
+
+def test_the_sampled_token_and_the_run_after_it_are_split_together():
+    # after a string value the model samples `"`; the text forced after it is `,"unit":"`, and the
+    # tokenizer writes `","unit":"` as `","` `unit` `":"`: the sampled `"` is replaced by `","`
+    matcher = shared_compiler().compile_json_schema(SCHEMA).matcher()
+    advance(matcher, '{"location":"Paris')
+    quote = smollm2_tokenizer().encode('"', add_special_tokens=False)
+    assert len(quote) == 1
+    forced_after = forced_text()(matcher)
+    assert forced_after == []  # the value may go on: nothing is forced before the quote
+    run = forced_text().joined(matcher, quote[0])
+    together = smollm2_tokenizer().encode('","unit":"', add_special_tokens=False)
+    assert together[0] != quote[0], "the case this tests: the tokenizer merges the quote with the comma"
+    assert run == together[:-1], spell(run)
+    for token in run:  # the matcher was left as it was, before the sampled token: it takes the run
+        matcher.advance(token)
+    assert spell(run) == '","unit'
+
+
+def test_a_sampled_token_with_nothing_forced_after_it_stays():
+    matcher = shared_compiler().compile_json_schema(SCHEMA).matcher()
+    advance(matcher, '{"location":"')
+    letter = smollm2_tokenizer().encode("P", add_special_tokens=False)[0]
+    assert forced_text().joined(matcher, letter) == [letter]
+    matcher.advance(letter)  # left as it was
+
+
+def test_the_engine_feeds_a_sampled_quote_and_the_run_after_it_in_the_joint_split(tiny_model):
+    # the model (here steered to `"` wherever the grammar allows it) closes the location at once;
+    # `,"unit":"` is forced after that quote, and the engine appends `","` `unit` in its place
+    tokenizer = smollm2_tokenizer()
+    quote, joint = (tokenizer.encode(text, add_special_tokens=False) for text in ('"', '","'))
+    assert len(quote) == 1 and len(joint) == 1
+
+    def prefer_quote(logits, seqs):  # logits [B, V]
+        logits[:, quote[0]] += 1e4
+
+    eng = Engine(tiny_model, tokenizer, torch.device("cpu"), frozenset({2}), 512,
+                 logits_hooks=[prefer_quote, ConstraintMasker(VOCAB, 8)])
+    eng.forced_text = ForcedText(smollm2_vocabulary(), tokenizer)
+    eng.start()
+    try:
+        events = run(eng, Request(prompt_ids=prompt(tokenizer), params=SamplingParams(max_tokens=40, temperature=0),
+                                  constraint=shared_compiler().compile_json_schema(SCHEMA).matcher()))
+    finally:
+        eng.shutdown()
+    ids = [t for e in events for t in e.token_ids]
+    value = json.loads("".join(e.text for e in events))
+    assert value["location"] == "" and value["unit"] in ("celsius", "fahrenheit")
+    assert joint[0] in ids, [spell([t]) for t in ids]  # the old code appended `"` `,"` `unit`
+
+
+def test_a_joint_the_tokenizer_writes_as_one_token_replaces_the_sampled_token_whole():
+    # the model wrote `{"location` and then `"`; `:"` is forced after it, and `":"` is one token
+    matcher = shared_compiler().compile_json_schema(SCHEMA).matcher()
+    advance(matcher, '{"location')
+    quote = smollm2_tokenizer().encode('"', add_special_tokens=False)[0]
+    whole = smollm2_tokenizer().encode('":"', add_special_tokens=False)
+    assert len(whole) == 1
+    assert forced_text().joined(matcher, quote) == whole
