@@ -71,13 +71,14 @@ class ForcedText:
             text = self._walk(constraint)
         finally:
             constraint.rollback(1)
-        if len(text) <= 1:
-            return [sampled]
         head = self.vocabulary.token_bytes.get(sampled, b"")
-        together = self._tokens(constraint, head + text, budget) if head else []
-        if head and len(self._spell(together)) < len(head):  # `"` then `:"`: the tokenizer writes one
-            together = self._tokens(constraint, head + text, budget, keep_last=True)  # token, `":"`: take it
-        if head and len(self._spell(together)) >= len(head):
+        if not text or not head:
+            return [sampled]
+        encoded = self._encode(head + text)
+        together = self._take(constraint, *encoded, budget, keep_last=False)
+        if len(self._spell(together)) < len(head):  # `":` then `"`: the tokenizer writes one token,
+            together = self._take(constraint, *encoded, budget, keep_last=True)  # `":"`: take it whole
+        if len(self._spell(together)) >= len(head):
             return together
         constraint.advance(sampled)
         try:
@@ -142,15 +143,20 @@ class ForcedText:
     def _tokens(self, constraint, text: bytes, budget: int | None, keep_last: bool = False) -> list[int]:
         """The tokenizer's tokens for ``text`` that the constraint accepts in turn (and that leave
         the output room to close within ``budget``), less the last (unless ``keep_last``)."""
+        return self._take(constraint, *self._encode(text), budget, keep_last)
+
+    def _encode(self, text: bytes) -> tuple[bytes, list[int]]:
+        """``text`` cut to whole characters (a walk may end inside one: that one is left to the
+        model) and the tokenizer's ids for it."""
         while text:
             try:
-                decoded = text.decode("utf-8")
-                break
-            except UnicodeDecodeError:  # the walk ended inside a character: leave that one to the model
+                return text, self.tokenizer.encode(text.decode("utf-8"), add_special_tokens=False)
+            except UnicodeDecodeError:
                 text = text[:-1]
-        else:
-            return []
-        ids = self.tokenizer.encode(decoded, add_special_tokens=False)
+        return b"", []
+
+    def _take(self, constraint, text: bytes, ids: list[int], budget: int | None, keep_last: bool) -> list[int]:
+        """``_tokens`` for ``text`` already encoded as ``ids``."""
         taken, spelled = [], b""
         try:
             for token in ids:

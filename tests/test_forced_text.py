@@ -135,3 +135,14 @@ def test_a_joint_the_tokenizer_writes_as_one_token_replaces_the_sampled_token_wh
     whole = smollm2_tokenizer().encode('":"', add_special_tokens=False)
     assert len(whole) == 1
     assert forced_text().joined(matcher, quote) == whole
+
+
+def test_one_forced_byte_after_the_sampled_token_joins_it():
+    # the model wrote `{"location` and then `":`; the string's `"` must follow, and `":"` is one token
+    matcher = shared_compiler().compile_json_schema(SCHEMA).matcher()
+    advance(matcher, '{"location')
+    colon = smollm2_tokenizer().encode('":', add_special_tokens=False)
+    whole = smollm2_tokenizer().encode('":"', add_special_tokens=False)
+    assert len(colon) == 1 and len(whole) == 1
+    assert forced_text()(matcher) == []  # alone, a run of one token is left to the model
+    assert forced_text().joined(matcher, colon[0]) == whole
