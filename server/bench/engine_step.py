@@ -8,8 +8,9 @@
   engine step (forward, sampling, events) against a bare forward of the same shapes over
   transformers' preallocated StaticCache, in alternating blocks.
 - prefill: a long prompt arriving while 7 rows decode: the rows' time between tokens (p50, p99)
-  before and during its prefill, one chunk's time, and the newcomer's time to first token against
-  prefilling it alone.
+  before and during its prefill, one chunk's time (median; the longest is the last, which attends
+  over the whole prompt), each step's extra wait over the same chunk alone (the two engines
+  stepped in lockstep), and the newcomer's time to first token against prefilling it alone.
 - soak: prompts of mixed lengths up to the context limit under a KV budget smaller than their sum:
   requests finished, refused (can never fit), the scheduler's integrity checked after every step,
   and the peak KV bytes against the budget.
@@ -180,9 +181,9 @@ def run(ctx, progress) -> dict:
          "rows": [[str(r["context"]), fmt(r["maskd_ms"]), fmt(r["bare_ms"]), fmt(r["ratio"], ".2f"), str(r["steps"])]
                   for r in steps_rows]},
         {"title": f"A {prefill['long']}-token prompt arriving while 7 rows decode (chunk {prefill['chunk']}, "
-                  f"medians of {prefill['rounds']} alternating rounds)",
+                  f"medians of {prefill['rounds']} rounds, stepped in lockstep with the prompt alone)",
          "columns": ["TBT before p50 ms", "TBT during p50 ms", "TBT during p99 ms", "one chunk ms",
-                     "bound: chunk + step p99 ms", "rows' delay / same chunk alone, p50", "max",
+                     "bound: longest chunk + step p99 ms", "rows' delay / same chunk alone, p50", "max",
                      "TTFT s", "TTFT alone s", "ratio"],
          "rows": [[fmt(prefill["tbt_before_p50_ms"]), fmt(prefill["tbt_during_p50_ms"]),
                    fmt(prefill["tbt_during_p99_ms"]), fmt(prefill["chunk_ms"]), fmt(prefill["tbt_bound_ms"]),
