@@ -11,9 +11,11 @@ whole output the last one may merge with what the model writes next, so it is le
 (under the mask).
 
 The joint before the run is split in context too (`joined()`): the token the model has just sampled
-and the forced text after it are encoded together, and where the tokenizer merges them (a value's
-closing `"` and the `,` after it are one token, `",`), that split replaces the sampled token. The text
-is the same; only its tokens change, before the model has seen any of them.
+and the forced text after it are encoded together, and where the tokenizer merges them, that split
+replaces the sampled token (a string's closing `"` and the forced `,"unit":"` are `","` `unit`; even
+one forced byte joins: `":` then `"` is `":"`). The text is the same; only its tokens change, before
+the model has seen any of them. Looking one token back is the approximation: a merge that would
+reach further back is not redone.
 
 Exact: a byte counts as forced only if no allowed token begins otherwise, so the text returned is
 text the masked model would have had to write; only its split into tokens is the tokenizer's.
