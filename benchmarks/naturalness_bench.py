@@ -1,14 +1,16 @@
 """Naturalness of constrained tokens: the share that differ from the tokenizer's own encoding of the text.
 
-    python benchmarks/naturalness_bench.py [--stride 17] [--limit N] [--no-forced-text] [--out benchmarks/results/naturalness_bench.json]
+    python benchmarks/naturalness_bench.py [--stride 17] [--limit N] [--no-forced-text]
+                                           [--out benchmarks/results/naturalness_bench.json]
 
 A grammar mask may steer the model into spelling text with tokens its tokenizer would not choose
 (a mask that forbids `}}` forces `}` `}`). Per constrained output, through maskd's in-process chat
 path (greedy, max_tokens 96, the embedded model, forced runs split as `maskd serve` splits them):
 take the generated ids of the constrained span, join their bytes (TokenVocabulary.token_bytes:
-exact bytes per token, where decoding one token at a time would mangle split UTF-8), re-encode that text with ``tokenizer.encode(text, add_special_tokens=False)``
-and compare boundaries: a generated token *differs* when its (start, end) byte span is not the span
-of a token of the re-encoding. An output cut by max_tokens counts as generated. Tasks:
+exact bytes per token, where decoding one token at a time would mangle split UTF-8), re-encode that
+text with ``tokenizer.encode(text, add_special_tokens=False)`` and compare boundaries: a generated
+token *differs* when its (start, end) byte span is not the span of a token of the re-encoding. An
+output cut by max_tokens counts as generated. Tasks:
   tools       every --stride-th BFCL schema as tools, tool_choice "required". The span is the call
               block: the tokens that start at or after the end of the first `<tool_call>` text in the
               output (a token straddling it is left out) up to, not including, EOS.
@@ -221,8 +223,8 @@ def main() -> None:
               f" {r['outputs_with_difference']:15.1%} {r['cut_by_max_tokens']:4} {r['not_compared']:12}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     source = str(Path(chat.__file__).resolve().parents[1])
-    args.out.write_text(json.dumps({"maskd": source, "stride": args.stride, "forced_text": not args.no_forced_text, "summary": table,
-                                    "records": records}, indent=1))
+    args.out.write_text(json.dumps({"maskd": source, "stride": args.stride, "forced_text": not args.no_forced_text,
+                                    "summary": table, "records": records}, indent=1))
     plot(table, args.out.with_suffix(".png"), source)
     print(f"wrote {args.out} and {args.out.with_suffix('.png').name}")
 

@@ -1,5 +1,6 @@
 """grammars/forced_text.py on the SmolLM2 vocabulary: the text a grammar allows alone comes back as
-the tokenizer's own tokens (less the last), and nothing comes back where the model has a choice."""
+the tokenizer's own tokens (less the last), and nothing comes back where the model has a choice;
+the token just sampled and the run after it come back in the split the tokenizer writes for both."""
 
 import json
 
