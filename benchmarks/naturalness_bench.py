@@ -1,11 +1,11 @@
 """Naturalness of constrained tokens: the share that differ from the tokenizer's own encoding of the text.
 
-    python benchmarks/naturalness_bench.py [--stride 17] [--limit N] [--no-forced-text]
+    python benchmarks/naturalness_bench.py [--stride 17] [--limit N] [--no-forced-text] [--model NAME]
                                            [--out benchmarks/results/naturalness_bench.json]
 
 A grammar mask may steer the model into spelling text with tokens its tokenizer would not choose
 (a mask that forbids `}}` forces `}` `}`). Per constrained output, through maskd's in-process chat
-path (greedy, max_tokens 96, the embedded model, forced runs split as `maskd serve` splits them):
+path (greedy, max_tokens 96, the embedded model or --model, forced runs split as `maskd serve` splits them):
 take the generated ids of the constrained span, join their bytes (TokenVocabulary.token_bytes:
 exact bytes per token, where decoding one token at a time would mangle split UTF-8), re-encode that
 text with ``tokenizer.encode(text, add_special_tokens=False)`` and compare boundaries: a generated
@@ -60,10 +60,10 @@ FREE_SCHEMAS = (
 )
 
 
-def load_state(cache_dir: str, timeout: float, forced_text: bool = True) -> ServerState:
+def load_state(cache_dir: str, timeout: float, forced_text: bool = True, model: str | None = None) -> ServerState:
     """As `maskd serve`: disk grammar cache, one compile worker (the machine is shared), forced text
     fed in the tokenizer's split (unless ``forced_text`` is False, or the code predates it)."""
-    loaded = load_model(load_registry().get(None))
+    loaded = load_model(load_registry().get(model))
     vocabulary = TokenVocabulary.from_tokenizer(loaded.tokenizer, loaded.vocab_size,
                                                 extra_eos_token_ids=tuple(loaded.eos_token_ids))
     engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
@@ -206,10 +206,11 @@ def main() -> None:
     parser.add_argument("--grammar-timeout", type=float, default=60.0, help="compile time limit, s")
     parser.add_argument("--grammar-cache", default=os.path.join(os.path.expanduser("~"), ".cache", "maskd", "grammars"))
     parser.add_argument("--no-forced-text", action="store_true", help="forced runs off (singletons only)")
+    parser.add_argument("--model", default=None, help="a models.yaml name (default: the embedded model)")
     parser.add_argument("--out", type=Path, default=RESULTS / "naturalness_bench.json")
     args = parser.parse_args()
     print(f"maskd from {Path(chat.__file__).resolve().parents[1]}", flush=True)
-    state = load_state(args.grammar_cache, args.grammar_timeout, forced_text=not args.no_forced_text)
+    state = load_state(args.grammar_cache, args.grammar_timeout, forced_text=not args.no_forced_text, model=args.model)
     try:
         records = asyncio.run(bench(state, requests(state, args.stride, args.limit), args.concurrency))
     finally:
