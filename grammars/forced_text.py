@@ -25,7 +25,6 @@ Needs from a constraint: sparse_mask() or fill(), advance(), rollback(); others 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from grammars.bitmask import allocate_token_bitmask
 from grammars.sparse_mask import sparse_mask as sparse_of_row
@@ -110,7 +109,7 @@ class ForcedText:
     def _spell(self, tokens: list[int]) -> bytes:
         return b"".join(self.vocabulary.token_bytes.get(token, b"") for token in tokens)
 
-    def _allowed(self, constraint) -> torch.Tensor | None:
+    def _allowed(self, constraint) -> np.ndarray | None:
         """The ids the constraint allows next (int64, ascending) when they are few, else None."""
         get = getattr(constraint, "sparse_mask", None)
         sparse = get(None) if get is not None else None
@@ -118,7 +117,7 @@ class ForcedText:
             self._row.zero_()
             constraint.fill(self._row, None)
             sparse = sparse_of_row(self._row, self.vocabulary.size)
-        return sparse.ids if sparse is not None and sparse.allowed and len(sparse.ids) else None
+        return sparse.array if sparse is not None and sparse.allowed and len(sparse.array) else None
 
     def _allows(self, constraint, token: int) -> bool:
         """Whether the constraint allows ``token`` next (by its mask without a budget; inside a
@@ -126,17 +125,15 @@ class ForcedText:
         get = getattr(constraint, "sparse_mask", None)
         sparse = get(None) if get is not None else None
         if sparse is not None:
-            at = int(np.searchsorted(sparse.array, token))
-            found = at < len(sparse.array) and int(sparse.array[at]) == token
-            return found == sparse.allowed
+            return _contains(sparse.array, token) == sparse.allowed
         self._row.zero_()
         constraint.fill(self._row, None)
         return bool(int(self._row[token >> 5]) >> (token & 31) & 1)
 
-    def _forced_byte(self, allowed: torch.Tensor | None) -> int | None:
+    def _forced_byte(self, allowed: np.ndarray | None) -> int | None:
         if allowed is None:
             return None
-        firsts = self.first[allowed.numpy()]
+        firsts = self.first[allowed]
         byte = int(firsts[0])
         if byte < 0 or not (firsts == byte).all():  # EOS or a special token allowed, or two first bytes
             return None
@@ -180,9 +177,9 @@ def _walkable(constraint) -> bool:
     return all(hasattr(constraint, name) for name in ("rollback", "advance", "fill"))
 
 
-def _contains(ids: torch.Tensor | None, token: int) -> bool:
+def _contains(ids: np.ndarray | None, token: int) -> bool:
     """Whether ascending ``ids`` hold ``token``."""
     if ids is None:
         return False
-    at = int(torch.searchsorted(ids, token))
+    at = int(np.searchsorted(ids, token))
     return at < len(ids) and int(ids[at]) == token

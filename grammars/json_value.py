@@ -166,8 +166,9 @@ class JsonValueAutomaton:
 
     def warm(self, pause=lambda: None) -> None:
         """Every entry of a stack at most max_read deep made ahead (each is what its first use would
-        make; deeper stacks share their keys): 177 rows (0.3 s) on SmolLM2, once per vocabulary. GrammarCompiler runs
-        it in the background once the automaton is loaded; ``pause()`` runs between entries."""
+        make; deeper stacks share their keys): 177 rows (0.3 s) on SmolLM2, once per vocabulary.
+        GrammarCompiler runs it in the background once the automaton is loaded; ``pause()`` runs
+        between entries."""
         level, stacks = [()], [()]
         for _ in range(self.max_read):
             level = [stack + (kind,) for stack in level for kind in (OBJECT, ARRAY)]
