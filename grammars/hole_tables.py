@@ -256,17 +256,18 @@ class HoleTables:
         """(row, sparse) inside the value that started at unit state ``hole``: its own tokens (EOS only
         where the unit may end after it) and the tokens that leave it."""
         state = value.state
-        key = ("value", state, hole) if len(state[1]) <= _EXIT_DEPTH else None
-        if key is not None and key in self._memo:
-            return self._memo[key]
         after = self.hole_after(hole)
+        if len(state[1]) <= _EXIT_DEPTH:
+            key = ("value", state, hole)
+        else:  # no token leaves from this deep: the automaton's own mask, keyed as it keys it
+            key = ("deep", id(self.automaton.entry(value._q, value._frame)), self.grammar.is_final(after))
+        if key in self._memo:
+            return self._memo[key]
         row = torch.zeros(self.width, dtype=torch.int32)  # [W]
         value.fill(row)
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
-        entry = self._row(row, self.leaving(state, hole)[0], clear=clear)
-        if key is not None:
-            self._memo[key] = entry
-        return entry
+        self._memo[key] = self._row(row, self.leaving(state, hole)[0], clear=clear)
+        return self._memo[key]
 
     def held_bytes(self) -> int:
         """Bytes of the memoised rows and token lists (counted in the grammar's memory bound)."""

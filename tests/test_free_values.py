@@ -131,3 +131,25 @@ def test_a_budget_already_short_at_a_hole_still_allows_the_nearest_value():
     assert bool(row.any())
     bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
     assert set(torch.nonzero(bits.flatten()[:49152]).flatten().tolist()) <= allowed(matcher)
+
+
+def test_masks_inside_a_value_nested_deeper_than_a_token_can_leave_are_memoised(grammar, monkeypatch):
+    """Past _EXIT_DEPTH open containers no token leaves the value, so its mask is the automaton's own:
+    memoised under the automaton's key (it was rebuilt at every such step, ~300 µs each)."""
+    tokens = smollm2_tokenizer().encode('{"query":"q","metadata":{"d":[[[[[[[1,[2,{"k":[3]}]]]]]]]]}}',
+                                        add_special_tokens=False)
+
+    def walk() -> list[set[int]]:
+        matcher, masks = grammar.matcher(), []
+        for token in tokens:
+            masks.append(allowed(matcher))
+            matcher.advance(token)
+        return masks
+
+    first = walk()
+    tables = grammar.hole_tables()
+    built, build = [], tables._row
+    monkeypatch.setattr(tables, "_row", lambda *args, **kw: built.append(1) or build(*args, **kw))
+    assert walk() == first and not built  # every mask of the second walk memoised, the deep ones too
+    tables._memo.clear()
+    assert walk() == first and built  # and the memoised masks are those built afresh
