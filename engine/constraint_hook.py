@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from engine.sequence import Sequence
-from grammars.bitmask import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks
+from grammars.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
+                              fill_next_token_bitmasks)
 from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace
 
 
@@ -16,7 +17,9 @@ class ConstraintMasker:
     On CPU a row whose constraint offers ``sparse_mask(budget)`` (optional; Matcher and
     ToolCallConstraint have one: the tokens ``fill(row, budget)`` would allow, or None) is masked
     from that short id list (8-17 us on a 49k vocabulary) and never filled; the other constrained
-    rows are filled and share one packed-bitmask apply (25-50 us).  A greedy row without logprobs is
+    rows (a budget narrows their mask, or both its sides are long) are filled, and each float32 row
+    is masked by a C loop over its clear bits (grammars/_mask_row.c; torch's packed apply took
+    100-400 us there in real generations).  A greedy row without logprobs is
     not written at all: the call returns {row: its SparseMask} and sample() picks the argmax under
     it (engine/sampling.py settle()): over the allowed ids alone, or the row's own argmax unless it
     is banned. Writing the mask cost more than the rest of it: -inf over a row of 49k floats 11 us
@@ -50,8 +53,8 @@ class ConstraintMasker:
             self.bitmask = allocate_token_bitmask(len(seqs), self.vocab_size)
         fill_next_token_bitmasks([(row, seqs[row].constraint) for row in rows], self.bitmask,
                                  budgets=[seqs[row].tokens_left for row in rows])
-        mask = self._device_mask(logits.device)
-        apply_token_bitmask_inplace(logits, mask, rows=rows)
+        if not (cpu and apply_token_bitmask_cpu(logits, self.bitmask, rows)):
+            apply_token_bitmask_inplace(logits, self._device_mask(logits.device), rows=rows)
         return narrowed
 
     @staticmethod

@@ -10,10 +10,15 @@ buffers are cached per (device, dtype, batch, width): no allocation per decoding
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import torch
 
+from grammars import native
+
 _SCRATCH: dict[tuple, "_Scratch"] = {}
+_MASK_ROW: list = []  # [] not looked up yet; [None]: no C library; [the ctypes function]
 
 
 def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
@@ -125,3 +130,30 @@ def apply_token_bitmask_inplace(
         logits[:, :covered].add_(penalty[:, :covered])
     if vocab > covered:  # logits wider than the mask: the tail is never allowed
         logits[:, covered:].masked_fill_(s.selected, float("-inf"))
+
+
+def apply_token_bitmask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> bool:
+    """``apply_token_bitmask_inplace(logits, bitmask, rows)`` for float32 CPU logits, one C loop per
+    row (grammars/_mask_row.c) that writes only the disallowed tokens; False (nothing done) where
+    it does not apply: another dtype or device, rows not contiguous, or no C library."""
+    routine = _mask_row_routine()
+    if (routine is None or logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2
+            or logits.stride(1) != 1 or bitmask.device.type != "cpu" or not bitmask.is_contiguous()):
+        return False
+    vocab, width = logits.shape[1], bitmask.shape[1]
+    base, step, words = logits.data_ptr(), logits.stride(0) * 4, bitmask.data_ptr()
+    for row in rows:
+        routine(base + row * step, vocab, words + row * width * 4, width)
+    return True
+
+
+def _mask_row_routine():
+    if not _MASK_ROW:
+        library = native.library()
+        routine = None
+        if library is not None:
+            routine = library.mask_row_f32
+            routine.restype = None
+            routine.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        _MASK_ROW.append(routine)
+    return _MASK_ROW[0]

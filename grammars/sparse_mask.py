@@ -41,7 +41,7 @@ class SparseMask:
     (``array``, what the CPU paths read); ``ids`` is a torch view of it, made on first use (a state's
     first visit makes a SparseMask, and a tensor costs 10-20 us there)."""
 
-    __slots__ = ("allowed", "array", "vocab_size", "_ids")
+    __slots__ = ("allowed", "array", "vocab_size", "_ids", "_address")
 
     def __init__(self, allowed: bool, ids: torch.Tensor | np.ndarray, vocab_size: int):
         self.allowed, self.vocab_size = allowed, vocab_size
@@ -49,6 +49,7 @@ class SparseMask:
             self._ids, self.array = ids, ids.numpy()
         else:
             self._ids, self.array = None, np.asarray(ids, dtype=np.int64)
+        self._address = None
 
     @property
     def ids(self) -> torch.Tensor:
@@ -61,6 +62,14 @@ class SparseMask:
     def id_array(self) -> np.ndarray:
         """int64 [k]: the ids as numpy."""
         return self.array
+
+    @property
+    def address(self) -> int:
+        """Where the ids lie in memory (for the C pick; numpy's ``.ctypes`` costs µs per call)."""
+        if self._address is None:
+            self.array = np.ascontiguousarray(self.array)
+            self._address = self.array.ctypes.data
+        return self._address
 
 
 def sparse_mask(bitmask_row: torch.Tensor, vocab_size: int) -> SparseMask | None:
@@ -113,6 +122,23 @@ def _set_bits_routine():
             routine.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
         _ROUTINE.append(routine)
     return _ROUTINE[0]
+
+
+def pick_routine():
+    """The C greedy pick under a SparseMask (grammars/_mask_row.c pick_f32), or None."""
+    if not _PICK:
+        library = native.library()
+        routine = None
+        if library is not None:
+            routine = library.pick_f32
+            routine.restype = ctypes.c_int64
+            routine.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                                ctypes.c_int64]
+        _PICK.append(routine)
+    return _PICK[0]
+
+
+_PICK: list = []  # as _ROUTINE, for pick_f32
 
 
 def apply_sparse_mask_inplace(logits_row: torch.Tensor, mask: SparseMask) -> None:
