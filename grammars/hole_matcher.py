@@ -11,6 +11,7 @@ UnitUnion and the tool constraint use it unchanged.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from grammars.errors import GrammarError
@@ -91,25 +92,24 @@ class HoleMatcher:
 
     def _fill_budget(self, row: torch.Tensor, budget: int) -> None:
         """Near the end of the budget: only tokens after which the output can still close in time
-        (those of the unit's budget mask, and values entered or left only where they fit)."""
+        (those of the unit's budget mask, and values entered or left only where they fit). The
+        row's bits are set through a numpy view of its words (torch's per-element ops cost µs each)."""
         tables, grammar = self.tables, self.grammar
+        words = row.numpy().view(np.uint32)  # [W], the row's memory
         if self.value is None:
             self.unit.fill(row, budget)
-            for token in tables.sentinel_ids:
-                row[token >> 5] &= ~_bit(token & 31)
+            _clear(words, tables.sentinel_ids)
             state = None if self.unit._terminated else self.unit.state
             if state is not None and tables.near_hole(state):  # tokens into a value that fit
-                for token in tables.entering(state)[0]:
-                    _, end = tables.run(state, None, -1, tables.token_bytes[token])
-                    if tables.least(end) <= budget - 1:
-                        row[token >> 5] |= _bit(token & 31)
+                tokens, least = tables.entering_costs(state)
+                _set(words, tokens[least <= budget - 1])
             if state is not None and tables.is_hole(state):  # a value may start here
                 room = budget - grammar.min_tokens(tables.hole_after(self.unit.state))
-                if room >= 1 or not bool(row.any()):  # else nothing fits (the budget was short already): the nearest
+                if room >= 1 or not words.any():  # else nothing fits (the budget was short already): the nearest
                     scratch = torch.zeros_like(row)
                     JsonValueMatcher(tables.automaton, top="value").fill(scratch, max(room, 1))
                     self._clear_eos(scratch, final=False)
-                    row.bitwise_or_(scratch)
+                    words |= scratch.numpy().view(np.uint32)
         else:
             after = tables.hole_after(self.hole)
             room = budget - grammar.min_tokens(after)  # for the value, the unit's rest counted
@@ -117,20 +117,16 @@ class HoleMatcher:
             if room >= 1:
                 self.value.fill(row, room)
                 self._clear_eos(row, final=grammar.is_final(after))
-            state = self.value.state
-            for token in tables.leaving(state, self.hole)[0]:
-                _, end = tables.run(-1, state, self.hole, tables.token_bytes[token])
-                if tables.least(end) <= budget - 1:
-                    row[token >> 5] |= _bit(token & 31)
-            if not bool(row.any()):  # nothing fits (the budget was short already): the nearest
+            tokens, least = tables.leaving_costs(self.value.state, self.hole)
+            _set(words, tokens[least <= budget - 1])
+            if not words.any():  # nothing fits (the budget was short already): the nearest
                 self.value.fill(row, 1)
                 self._clear_eos(row, final=grammar.is_final(after))
         self.budget_forced = True
 
     def _clear_eos(self, row: torch.Tensor, final: bool) -> None:
         if not final:
-            for token in self.tables.automaton.eos_token_ids:
-                row[token >> 5] &= ~_bit(token & 31)
+            _clear(row.numpy().view(np.uint32), self.tables.automaton.eos_token_ids)
 
     # -- stepping -------------------------------------------------------------------------------------
     def accepts(self, token_id: int) -> bool:
@@ -220,6 +216,12 @@ class HoleMatcher:
         return False
 
 
-def _bit(position: int) -> int:
-    """The int32 value with only bit `position` set (bit 31 is the sign bit)."""
-    return (1 << position) - (1 << 32 if position == 31 else 0)
+def _set(words: np.ndarray, ids) -> None:
+    """Sets the bits of token ``ids`` in uint32 ``words`` (bit j of word w = token 32*w + j)."""
+    for token in ids:
+        words[token >> 5] |= np.uint32(1 << (token & 31))
+
+
+def _clear(words: np.ndarray, ids) -> None:
+    for token in ids:
+        words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)

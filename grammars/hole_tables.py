@@ -179,6 +179,28 @@ class HoleTables:
             self._memo[key] = (out, worst)
         return self._memo[key]
 
+    def entering_costs(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 entering(state)'s tokens, int64 the fewest tokens left after each): what a budget
+        keeps of them, read without walking each token again at every narrowed step."""
+        key = ("enter-costs", state)
+        if key not in self._memo:
+            self._memo[key] = self._costs(state, None, -1, self.entering(state)[0])
+        return self._memo[key]
+
+    def leaving_costs(self, value_state, hole: int) -> tuple[np.ndarray, np.ndarray]:
+        """As entering_costs, for leaving(value_state, hole)'s tokens (memoised where leaving is)."""
+        key = ("leave-costs", value_state, hole)
+        if key in self._memo:
+            return self._memo[key]
+        got = self._costs(-1, value_state, hole, self.leaving(value_state, hole)[0])
+        if len(value_state[1]) <= _EXIT_DEPTH:
+            self._memo[key] = got
+        return got
+
+    def _costs(self, unit_state: int, value_state, hole: int, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        least = [self.least(self.run(unit_state, value_state, hole, self.token_bytes[t])[1]) for t in tokens]
+        return np.asarray(tokens, dtype=np.int64), np.asarray(least, dtype=np.int64)
+
     def value_start(self) -> list[int]:
         """The tokens a value may start with (EOS not among them)."""
         key = ("start",)
@@ -277,6 +299,8 @@ class HoleTables:
                 total += entry[0].numel() * 4 + (entry[1].array.nbytes if entry[1] is not None else 0)
             elif isinstance(entry, tuple) and entry and isinstance(entry[0], list):
                 total += 8 * len(entry[0])
+            elif isinstance(entry, tuple) and entry and isinstance(entry[0], np.ndarray):
+                total += sum(part.nbytes for part in entry)
             elif isinstance(entry, list):
                 total += 8 * len(entry)
         return total
