@@ -7,7 +7,7 @@ import torch
 from engine.sequence import Sequence
 from grammars.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
                               fill_next_token_bitmasks)
-from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, sparse_mask
+from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace
 
 
 class ConstraintMasker:
@@ -53,25 +53,9 @@ class ConstraintMasker:
             self.bitmask = allocate_token_bitmask(len(seqs), self.vocab_size)
         fill_next_token_bitmasks([(row, seqs[row].constraint) for row in rows], self.bitmask,
                                  budgets=[seqs[row].tokens_left for row in rows])
-        if cpu:  # a greedy row's filled mask with a short side is left to the pick too, unwritten
-            rows = [row for row in rows if not self._narrow_filled(logits, row, seqs[row], narrowed)]
-            if not rows:
-                return narrowed
         if not (cpu and apply_token_bitmask_cpu(logits, self.bitmask, rows)):
             apply_token_bitmask_inplace(logits, self._device_mask(logits.device), rows=rows)
         return narrowed
-
-    def _narrow_filled(self, logits: torch.Tensor, row: int, seq: Sequence, narrowed: dict[int, SparseMask]) -> bool:
-        """Leave a greedy row's filled mask to sample() as a SparseMask where one side is short
-        (a budget near its end allows a few tokens); False where it is written instead."""
-        if not (seq.params.logprobs is None and seq.params.greedy and logits.dtype == torch.float32
-                and logits.shape[1] == self.vocab_size):
-            return False
-        sparse = sparse_mask(self.bitmask[row], self.vocab_size)
-        if sparse is None or (sparse.allowed and not sparse.id_array().size):
-            return False
-        narrowed[row] = sparse
-        return True
 
     @staticmethod
     def _apply_sparse(logits: torch.Tensor, row: int, seq: Sequence, narrowed: dict[int, SparseMask]) -> bool:

@@ -335,31 +335,3 @@ def test_set_bits_in_c_and_numpy_equal_the_bits(count, monkeypatch):
     assert module._set_bits(words).tolist() == expected
     monkeypatch.setattr(module, "_ROUTINE", [None])  # no C compiler: numpy
     assert module._set_bits(words).tolist() == expected
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_a_greedy_row_a_budget_narrows_is_picked_under_its_filled_mask_unwritten(seed):
-    """Near the end of a budget the mask is filled (no stored form fits it); for a greedy row the
-    masker leaves it to the pick as a SparseMask where one side is short, as the write would pick."""
-    grammar = shared_compiler().compile_json_schema(FREE_SCHEMA)
-    matcher, gen = grammar.matcher(), torch.Generator().manual_seed(seed)
-    budget, filled_narrowed = matcher.min_tokens() + 6, 0
-    while not matcher.is_terminated() and budget > 0:
-        logits = torch.randn(1, V, generator=gen)
-        bitmask = allocate_token_bitmask(1, V)
-        fill_next_token_bitmasks([(0, matcher)], bitmask, budgets=[budget])
-        reference = logits.clone()
-        apply_token_bitmask_inplace(reference, bitmask)
-        greedy = logits.clone()
-        narrowed = ConstraintMasker(V, 1)(greedy, [SimpleNamespace(constraint=matcher, tokens_left=budget,
-                                                                   params=GREEDY)])
-        filled_narrowed += bool(narrowed) and matcher.sparse_mask(budget) is None
-        if narrowed:
-            assert torch.equal(greedy, logits)  # not written
-        token = sample(greedy, [GREEDY], [None], narrowed)[0]
-        assert token == int(reference.argmax(-1))
-        if token in smollm2_vocabulary().eos_token_ids:
-            break
-        matcher.advance(token)
-        budget -= 1
-    assert filled_narrowed and matcher.finished()
