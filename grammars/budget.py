@@ -41,6 +41,7 @@ log = logging.getLogger("maskd.grammars")
 # allowed ones, else allowed ids when at most ALLOWED_MAX, else none.
 ALLOWED_MAX = 4096  # longest allowed-id list kept (32 KB of int64; apply ~17 us)
 DISALLOWED_MAX = 8192  # longest disallowed-id list kept (64 KB; apply ~16 us)
+NEVER_NARROWED = -(1 << 62)  # a safe budget below any budget: no budget narrows the mask
 SPARSE_IDS_CAP = 16 << 20  # int32 ids kept per grammar at most (64 MB); above: no precomputed forms
 NONE, ALLOWED, BANNED = 0, 1, 2  # sparse kinds
 
@@ -48,7 +49,8 @@ NONE, ALLOWED, BANNED = 0, 1, 2  # sparse kinds
 class BudgetTable:
     """Per-state distances to acceptance and odd tokens of one index (immutable, picklable)."""
 
-    __slots__ = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist", "count", "sparse", "_dense")
+    __slots__ = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist", "count", "sparse", "_dense",
+                 "_safe")
 
     def __init__(self, keys, distance, far, mode, odd_off, odd_tok, odd_dist, count=None, sparse=None) -> None:
         self.keys = np.asarray(keys, dtype=np.uint32)  # [S] state ids
@@ -67,6 +69,7 @@ class BudgetTable:
             self.sparse = (int(size), np.asarray(kind, dtype=np.int8), np.asarray(off, dtype=np.int32),
                            np.asarray(ids, dtype=np.int32))
         self._dense = {int(k): i for i, k in enumerate(self.keys)}
+        self._safe: dict[int, int] = {}  # state -> safe_budget(state)
 
     def __getstate__(self):
         return (self.keys, self.distance, self.far, self.mode, self.odd_off, self.odd_tok, self.odd_dist,
@@ -78,6 +81,18 @@ class BudgetTable:
     def distance_of(self, state: int) -> int:
         """Fewest tokens from ``state`` to a final state (0 in a final state)."""
         return int(self.distance[self._dense[state]])
+
+    def safe_budget(self, state: int) -> int:
+        """The least budget (tokens left, this one included) at which a Matcher's mask in ``state``
+        is not narrowed, nor at any larger one: its limit max(budget - 1, distance - 1) then reaches
+        ``far`` (restriction None). NEVER_NARROWED where even budget 0 does. Memoised: the engine asks
+        at every step."""
+        got = self._safe.get(state)
+        if got is None:
+            i = self._dense[state]
+            far, distance = int(self.far[i]), int(self.distance[i])
+            got = self._safe[state] = far + 1 if distance < far + 1 else NEVER_NARROWED
+        return got
 
     def restriction(self, state: int, limit: int) -> tuple[str, np.ndarray] | None:
         """Which tokens of ``state`` a budget of ``limit`` tokens after this one rules in or out.

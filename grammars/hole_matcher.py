@@ -85,6 +85,11 @@ class HoleMatcher:
             row.copy_(mask[0])
 
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
+        if self.value is not None:  # one memo lookup: the mask and the budget from which it is whole
+            _, sparse, safe = self.tables.value_entry(self.value, self.hole)
+            if budget is not None and (budget < safe if safe is not None else self.narrows(budget)):
+                return None
+            return sparse
         if self.narrows(budget):
             return None
         mask = self._mask()

@@ -277,6 +277,11 @@ class HoleTables:
     def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:
         """(row, sparse) inside the value that started at unit state ``hole``: its own tokens (EOS only
         where the unit may end after it) and the tokens that leave it."""
+        return self.value_entry(value, hole)[:2]
+
+    def value_entry(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None, int | None]:
+        """value_mask's (row, sparse) and the least budget at which HoleMatcher.narrows is false, and
+        at every larger one (None past _EXIT_DEPTH, where the key does not hold the whole stack)."""
         state = value.state
         after = self.hole_after(hole)
         if len(state[1]) <= _EXIT_DEPTH:
@@ -288,7 +293,12 @@ class HoleTables:
         row = torch.zeros(self.width, dtype=torch.int32)  # [W]
         value.fill(row)
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
-        self._memo[key] = self._row(row, self.leaving(state, hole)[0], clear=clear)
+        safe = None
+        if key[0] == "value":  # narrows(): room < 1, the value's own budget row, a leaving token's rest
+            rest = self.grammar.min_tokens(after)
+            safe = max(rest + 1, rest + self.automaton.safe_budget(value._q, value._frame),
+                       self.leaving(state, hole)[1] + 1)
+        self._memo[key] = (*self._row(row, self.leaving(state, hole)[0], clear=clear), safe)
         return self._memo[key]
 
     def held_bytes(self) -> int:

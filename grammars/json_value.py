@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from grammars.budget import NEVER_NARROWED
 from grammars.cache_version import JSON_VALUE_VERSION
 from grammars.json_value_distance import INF, JsonValueDistance
 from grammars.json_value_lexer import ARRAY, COMPLETE, MAX_DEPTH, NUM_STATES, OBJECT, TOP_OBJECT, VALUE, scan
@@ -234,6 +235,11 @@ class JsonValueAutomaton:
             deltas = tuple(a - cur for a in after)
             got = self._costs.setdefault(key, (cur - frame.base, deltas, max(deltas, default=-1)))
         return got
+
+    def safe_budget(self, q: int, frame: Frame) -> int:
+        """The least budget at which budget_row(q, frame, budget) is None, and at every larger one."""
+        rel, _, far = self._costs_of(q, frame)
+        return frame.base + rel + far + 1 if far >= 0 else NEVER_NARROWED
 
     def budget_row(self, q: int, frame: Frame, budget: int) -> torch.Tensor | None:
         """int32 [width]: the tokens after which a complete value is at most ``budget - 1`` tokens

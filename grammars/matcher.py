@@ -99,8 +99,8 @@ class Matcher:
         CompiledGrammar.state_sparse_mask), or if the budget narrows the mask (then fill)."""
         if self._terminated:
             return self.grammar.nothing_allowed
-        if self._budget_mask(budget) is not None:
-            return None
+        if budget is not None and budget < self.grammar.budget.safe_budget(self._guide.get_state()):
+            return None  # as _budget_mask(budget) is not None, read from one memo
         return self.grammar.state_sparse_mask(self._guide)
 
     def accepts(self, token_id: int) -> bool:

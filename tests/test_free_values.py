@@ -153,3 +153,24 @@ def test_masks_inside_a_value_nested_deeper_than_a_token_can_leave_are_memoised(
     assert walk() == first and not built  # every mask of the second walk memoised, the deep ones too
     tables._memo.clear()
     assert walk() == first and built  # and the memoised masks are those built afresh
+
+
+def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
+    """sparse_mask(budget) reads one memoised threshold per state where it asked narrows() (several
+    lookups) before: inside a value (HoleTables.value_entry) and in a unit (BudgetTable.safe_budget).
+    At every step of a text through values and units, for every budget, the two agree."""
+    text = ('{"query":"weather","metadata":{"user":{"id":7,"tags":["a","b"],"deep":[[[[[[1]]]]]]},"x":null},'
+            '"tags":[1,"two",{"three":3.5e+2},[],true],"options":{"k":"v"},"limit":-3}')
+    matcher, checked = grammar.matcher(), set()
+    for token in smollm2_tokenizer().encode(text, add_special_tokens=False):
+        if matcher.value is not None:
+            safe = matcher.tables.value_entry(matcher.value, matcher.hole)[2]
+            if safe is not None:
+                checked.add("value")
+                assert [b < safe for b in range(-2, 90)] == [matcher.narrows(b) for b in range(-2, 90)]
+        elif not matcher.unit._terminated:
+            checked.add("unit")
+            safe = grammar.budget.safe_budget(matcher.unit.state)
+            assert [b < safe for b in range(-2, 90)] == [matcher.unit.narrows(b) for b in range(-2, 90)]
+        matcher.advance(token)
+    assert checked == {"value", "unit"}
