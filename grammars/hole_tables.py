@@ -16,13 +16,12 @@ in a unit), and only tokens that hold `:`, `,` or `[` can walk into one from els
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from grammars.errors import GrammarError
 from grammars.free_values import HOLE
+from grammars.hole_bytes import bytes_view
 from grammars.json_value_lexer import (AFTER, ARRAY, COMPLETE, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT,
                                        N_ZERO, OBJECT, S_BASE, S_BODY, VALUE, scan)
 from grammars.json_value_matcher import JsonValueMatcher
@@ -36,58 +35,13 @@ _NEAR = 16  # a token may walk this many unit bytes into a hole
 _ENDINGS = (AFTER, N_ZERO, N_INT, N_FRAC, N_EXP_DIGITS, S_BODY, L_E, L_L)
 
 
-class _BytesView(NamedTuple):
-    sentinel: int  # the one-byte token of HOLE
-    sentinel_ids: list[int]  # every token that starts with HOLE (never offered)
-    byte_ids: dict[int, int]  # byte -> a one-byte token of it
-    longest: int  # bytes of the longest token
-    leaving: dict[int, list[int]]  # first byte -> ids of the tokens holding `,`, `}` or `]`
-    entering: dict[int, list[int]]  # first byte -> ids of the tokens holding `:`, `,` or `[`
-    closers: dict[int, int]  # token -> how many `}` and `]` it holds (of the leaving tokens)
-    quotes: dict[int, int]  # token -> how many `"` it holds (of the leaving tokens)
-
-
-_VIEWS: dict[str, _BytesView] = {}
-
-
-def _bytes_view(vocabulary) -> _BytesView:
-    """The byte facts of a vocabulary the holes need (once per vocabulary)."""
-    view = _VIEWS.get(vocabulary.fingerprint)
-    if view is None:
-        pieces = vocabulary.token_bytes
-        sentinel = next((t for t, b in pieces.items() if b == HOLE.encode()), None)
-        if sentinel is None:
-            raise GrammarError("the vocabulary has no one-byte token for the free-value sentinel \\x01; "
-                               "compile this schema without free_values")
-        byte_ids: dict[int, int] = {}
-        for token, piece in pieces.items():
-            if len(piece) == 1:
-                byte_ids.setdefault(piece[0], token)
-        view = _VIEWS.setdefault(vocabulary.fingerprint, _BytesView(
-            sentinel, [t for t, b in pieces.items() if b.startswith(HOLE.encode())], byte_ids,
-            max(len(piece) for piece in pieces.values()),
-            _by_first_byte(pieces, lambda p: b"," in p or b"}" in p or b"]" in p),
-            _by_first_byte(pieces, lambda p: b":" in p or b"," in p or b"[" in p),
-            {t: p.count(b"}") + p.count(b"]") for t, p in pieces.items() if b"," in p or b"}" in p or b"]" in p},
-            {t: p.count(b'"') for t, p in pieces.items() if b"," in p or b"}" in p or b"]" in p}))
-    return view
-
-
-def _by_first_byte(pieces: dict[int, bytes], keep) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for token, piece in pieces.items():
-        if keep(piece):
-            out.setdefault(piece[0], []).append(token)
-    return out
-
-
 class HoleTables:
     """Per grammar with holes: the sentinel, byte walks and memoised masks (shared, thread-safe)."""
 
     def __init__(self, grammar, automaton) -> None:
         vocabulary = grammar.vocabulary
         self.grammar, self.automaton, self.index = grammar, automaton, grammar.index
-        view = _bytes_view(vocabulary)
+        view = bytes_view(vocabulary)
         self.sentinel, self.sentinel_ids, self.byte_ids = view.sentinel, view.sentinel_ids, view.byte_ids
         self.longest, self.candidates, self.entry_candidates = view.longest, view.leaving, view.entering
         self.token_bytes = vocabulary.token_bytes
