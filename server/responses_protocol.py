@@ -118,7 +118,7 @@ def chat_messages(instructions: str | None, items: list[dict]) -> list[dict]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             call_id = item.get("call_id")
-            entry = {"role": "tool", "content": _text(item.get("output"), i), "tool_call_id": call_id}
+            entry = {"role": "tool", "content": _text(item.get("output"), i, "output"), "tool_call_id": call_id}
             if call_id in names:
                 entry["name"] = names[call_id]
             out.append(entry)
@@ -128,14 +128,21 @@ def chat_messages(instructions: str | None, items: list[dict]) -> list[dict]:
     return out
 
 
-def _text(content, i: int) -> str:
+def _text(content, i: int, field: str = "content") -> str:
     if content is None or isinstance(content, str):
         return content or ""
+    if not isinstance(content, list):
+        raise APIError(f"input[{i}].{field} must be a string or a list of content parts; got "
+                       f"{type(content).__name__}", param=f"input[{i}].{field}")
     texts = []
     for j, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise APIError(f"input[{i}].content[{j}]: content type {kind!r} is not supported by maskd (text is)",
-                           param=f"input[{i}].content[{j}].type")
-        texts.append(part.get("text") or "")
+            raise APIError(f"input[{i}].{field}[{j}]: content type {kind!r} is not supported by maskd (text is)",
+                           param=f"input[{i}].{field}[{j}].type")
+        text = part.get("text") or ""
+        if not isinstance(text, str):
+            raise APIError(f"input[{i}].{field}[{j}].text must be a string; got {type(text).__name__}",
+                           param=f"input[{i}].{field}[{j}].text")
+        texts.append(text)
     return "".join(texts)

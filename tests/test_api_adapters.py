@@ -83,3 +83,15 @@ def test_response_items_become_chat_messages():
     with pytest.raises(APIError) as err:
         chat_messages(None, [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
     assert err.value.param == "input[0].content[0].type"
+
+
+@pytest.mark.parametrize("item,param", [
+    ({"role": "user", "content": True}, "input[0].content"),  # a 500 before (hypothesis found it)
+    ({"role": "user", "content": {"type": "input_text", "text": "x"}}, "input[0].content"),
+    ({"role": "user", "content": [{"type": "input_text", "text": 5}]}, "input[0].content[0].text"),
+    ({"type": "function_call_output", "call_id": "c", "output": 3}, "input[0].output"),
+])
+def test_message_content_of_another_type_is_a_400_naming_it(item, param):
+    with pytest.raises(APIError) as err:
+        chat_messages(None, [item])
+    assert err.value.status == 400 and err.value.param == param
