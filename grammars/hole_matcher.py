@@ -228,5 +228,6 @@ def _set(words: np.ndarray, ids) -> None:
 
 
 def _clear(words: np.ndarray, ids) -> None:
+    """Clears the bits of token ``ids`` in uint32 ``words``."""
     for token in ids:
         words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)

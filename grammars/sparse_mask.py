@@ -124,6 +124,9 @@ def _set_bits_routine():
     return _ROUTINE[0]
 
 
+_PICK: list = []  # as _ROUTINE, for pick_f32
+
+
 def pick_routine():
     """The C greedy pick under a SparseMask (grammars/_mask_row.c pick_f32), or None."""
     if not _PICK:
@@ -136,9 +139,6 @@ def pick_routine():
                                 ctypes.c_int64]
         _PICK.append(routine)
     return _PICK[0]
-
-
-_PICK: list = []  # as _ROUTINE, for pick_f32
 
 
 def apply_sparse_mask_inplace(logits_row: torch.Tensor, mask: SparseMask) -> None:
