@@ -18,7 +18,6 @@ import torch
 from grammars import native
 
 _SCRATCH: dict[tuple, "_Scratch"] = {}
-_MASK_ROW: list = []  # [] not looked up yet; [None]: no C library; [the ctypes function]
 
 
 def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
@@ -148,12 +147,4 @@ def apply_token_bitmask_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: l
 
 
 def _mask_row_routine():
-    if not _MASK_ROW:
-        library = native.library()
-        routine = None
-        if library is not None:
-            routine = library.mask_row_f32
-            routine.restype = None
-            routine.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-        _MASK_ROW.append(routine)
-    return _MASK_ROW[0]
+    return native.routine("mask_row_f32", None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64])

@@ -34,6 +34,22 @@ def library():
     return _LIBRARY[0]
 
 
+_ROUTINES: dict[str, object] = {}
+
+
+def routine(name: str, restype, argtypes: list):
+    """The C library's function ``name`` with its ctypes signature set (looked up once), or None
+    where the library cannot be built (the caller takes its Python path)."""
+    if name not in _ROUTINES:
+        lib = library()
+        found = None
+        if lib is not None:
+            found = getattr(lib, name)
+            found.restype, found.argtypes = restype, argtypes
+        _ROUTINES[name] = found
+    return _ROUTINES[name]
+
+
 def library_name() -> str:
     digest = hashlib.sha256()
     for path in SOURCES + _HEADERS:

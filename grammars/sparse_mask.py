@@ -109,36 +109,15 @@ def _set_bits(words: np.ndarray) -> np.ndarray:
     return nonzero[bits >> 5] * 32 + (bits & 31)
 
 
-_ROUTINE: list = []  # [] not looked up yet; [None]: no C library; [the ctypes function]
-
-
 def _set_bits_routine():
-    if not _ROUTINE:
-        library = native.library()
-        routine = None
-        if library is not None:
-            routine = library.set_bits
-            routine.restype = ctypes.c_int64
-            routine.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-        _ROUTINE.append(routine)
-    return _ROUTINE[0]
-
-
-_PICK: list = []  # as _ROUTINE, for pick_f32
+    return native.routine("set_bits", ctypes.c_int64,
+                          [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64])
 
 
 def pick_routine():
     """The C greedy pick under a SparseMask (grammars/_mask_row.c pick_f32), or None."""
-    if not _PICK:
-        library = native.library()
-        routine = None
-        if library is not None:
-            routine = library.pick_f32
-            routine.restype = ctypes.c_int64
-            routine.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
-                                ctypes.c_int64]
-        _PICK.append(routine)
-    return _PICK[0]
+    return native.routine("pick_f32", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                       ctypes.c_int64, ctypes.c_int, ctypes.c_int64])
 
 
 def apply_sparse_mask_inplace(logits_row: torch.Tensor, mask: SparseMask) -> None:

@@ -333,5 +333,5 @@ def test_set_bits_in_c_and_numpy_equal_the_bits(count, monkeypatch):
     expected = np.flatnonzero(bits).tolist()
     assert module._set_bits_routine() is not None  # the C routine is built on this machine
     assert module._set_bits(words).tolist() == expected
-    monkeypatch.setattr(module, "_ROUTINE", [None])  # no C compiler: numpy
+    monkeypatch.setattr(module, "_set_bits_routine", lambda: None)  # no C compiler: numpy
     assert module._set_bits(words).tolist() == expected
