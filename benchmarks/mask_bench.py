@@ -17,7 +17,9 @@ pick and is not counted. Three measures over the same steps:
                visit included), step by step with the engine's budgets, the masker and pick as in
                the engine, on random logits that favour the token the engine appended there, with
                no forward pass between (the host side of a GPU server, where the pass runs on the
-               device). Each replayed pick must equal the engine's token (counted).
+               device). Each replayed pick must equal the engine's token (counted). The compiler
+               sees the engine busy throughout, as it is while decoding: background warm-ups of
+               masks wait (they neither take the GIL from the timed steps nor make their masks).
   host, warm   the same replay again (states memoised, as for every later request).
 
 Prints a table, writes the JSON and a PNG of the distributions beside it.
@@ -181,6 +183,7 @@ def main() -> None:
             state.engine.shutdown()
         fresh = GrammarCompiler(state.vocabulary, cache_dir=second, timeout_s=60.0, workers=1)
         fresh.json_automaton()
+        fresh.set_engine_idle(lambda: False)  # as in `maskd serve` while it decodes: warm-ups wait
         host = ServerState(state.model_name, state.tokenizer, state.context_length, state.tool_format,
                            state.engine, fresh, state.vocabulary)
         try:

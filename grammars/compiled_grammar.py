@@ -20,7 +20,7 @@ import torch
 from grammars.budget import ALLOWED, NONE, BudgetTable, build_budget_table
 from grammars.free_values import HOLE_REGEX
 from grammars.plain_tokens import plain_tokens
-from grammars.sparse_mask import SparseMask, sparse_mask
+from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
 from grammars.unit_index import IndexCursor, TokenIndex
 from grammars.vocabulary import TokenVocabulary
 
@@ -32,7 +32,7 @@ class CompiledGrammar:
     """Index + regex + vocabulary; call ``matcher()`` for a per-request matcher."""
 
     __slots__ = ("index", "regex", "vocabulary", "key", "width", "budget", "_masks", "_sparse", "_single",
-                 "_count", "_budget_masks", "nothing_allowed", "approx_bytes", "_holes")
+                 "_count", "_budget_masks", "_budget_sparse", "nothing_allowed", "approx_bytes", "_holes")
 
     def __init__(
         self, index: TokenIndex, regex: str, vocabulary: TokenVocabulary, key: str,
@@ -52,6 +52,7 @@ class CompiledGrammar:
         self._single: dict[int, int] = {}  # state -> the only allowed token (not final), or -1
         self._count: dict[int, int] = {}  # state -> number of allowed non-EOS tokens
         self._budget_masks: dict[tuple[int, int], torch.Tensor | None] = {}  # (state, limit) -> mask
+        self._budget_sparse = SecondAsk(vocabulary.size)  # (state, limit) -> its SparseMask
         with torch.inference_mode(False):
             empty = torch.empty(0, dtype=torch.int64)  # [0]
         self.nothing_allowed = SparseMask(True, empty, vocabulary.size)  # after EOS
@@ -66,7 +67,7 @@ class CompiledGrammar:
         """approx_bytes plus the per-state memos made since (packed rows and budget masks)."""
         rows = len(self._masks) + sum(mask is not None for mask in list(self._budget_masks.values()))
         holes = self._holes[0].held_bytes() if self._holes else 0
-        return self.approx_bytes + 4 * self.width * rows + holes
+        return self.approx_bytes + 4 * self.width * rows + self._budget_sparse.held_bytes() + holes
 
     def matcher(self, max_rollback: int = 4096):
         """A fresh per-request matcher at the initial state (a HoleMatcher where the regex has holes
@@ -128,6 +129,13 @@ class CompiledGrammar:
             mask = torch.from_numpy(words.view(np.int32))
         self._budget_masks[key] = mask
         return mask
+
+    def budget_sparse(self, guide: IndexCursor, limit: int) -> SparseMask | None:
+        """budget_mask(guide, limit) as a SparseMask, from its second ask on (grammars/sparse_mask.py
+        SecondAsk): None on the first and where both sides are long. Only where the limit narrows the
+        mask (budget_mask is not None)."""
+        key = (guide.get_state(), limit)
+        return self._budget_sparse.get(key, lambda: self.budget_mask(guide, limit))
 
     def state_mask(self, guide: IndexCursor) -> torch.Tensor:
         """int32 [width] bitmask of the tokens allowed in ``guide``'s state (memoised)."""

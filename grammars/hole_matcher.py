@@ -85,15 +85,29 @@ class HoleMatcher:
             row.copy_(mask[0])
 
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
+        """The tokens fill(row, budget) would allow as a SparseMask, or None (then fill); narrowed by
+        the budget, from the second ask of this state and budget on (``_narrowed``)."""
         if self.value is not None:  # one memo lookup: the mask and the budget from which it is whole
             _, sparse, safe = self.tables.value_entry(self.value, self.hole)
             if budget is not None and (budget < safe if safe is not None else self.narrows(budget)):
-                return None
+                return self._narrowed(budget)
             return sparse
         if self.narrows(budget):
-            return None
+            return self._narrowed(budget)
         mask = self._mask()
         return self.unit.sparse_mask() if mask is None else mask[1]
+
+    def _narrowed(self, budget: int) -> SparseMask | None:
+        """The mask _fill_budget makes here, memoised per (state, budget) as a SparseMask from its
+        second ask on (HoleTables.narrowed, a SecondAsk); None on the first."""
+        sparse = self.tables.narrowed.get((self.state, budget), lambda: self._budget_row(budget))
+        self.budget_forced |= sparse is not None
+        return sparse
+
+    def _budget_row(self, budget: int) -> torch.Tensor:
+        row = torch.zeros(self.tables.width, dtype=torch.int32)  # [W]
+        self._fill_budget(row, budget)
+        return row
 
     def _fill_budget(self, row: torch.Tensor, budget: int) -> None:
         """Near the end of the budget: only tokens after which the output can still close in time

@@ -25,7 +25,7 @@ from grammars.hole_bytes import bytes_view
 from grammars.json_value_lexer import (AFTER, ARRAY, COMPLETE, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT,
                                        N_ZERO, OBJECT, S_BASE, S_BODY, VALUE, scan)
 from grammars.json_value_matcher import JsonValueMatcher
-from grammars.sparse_mask import SparseMask, sparse_mask
+from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
 
 _DONE = (AFTER, ())  # scan's state once a top-level value is complete
 HOLE_BYTE = HOLE.encode()[0]
@@ -52,6 +52,7 @@ class HoleTables:
         self._edges: dict[int, dict[int, int]] = {}  # unit state -> {byte: next state}
         self._holes: dict[int, int] = {}  # unit state where a value starts -> the state after it
         self._near: set[int] = set()  # unit states within _NEAR bytes of a hole
+        self.narrowed = SecondAsk(self.size)  # (HoleMatcher.state, budget) -> its narrowed SparseMask
 
     # -- the unit's side ------------------------------------------------------------------------------
     def hole_after(self, state: int) -> int | None:
@@ -257,7 +258,7 @@ class HoleTables:
 
     def held_bytes(self) -> int:
         """Bytes of the memoised rows and token lists (counted in the grammar's memory bound)."""
-        total = 0
+        total = self.narrowed.held_bytes()
         for entry in list(self._memo.values()):
             if isinstance(entry, tuple) and entry and isinstance(entry[0], torch.Tensor):
                 total += entry[0].numel() * 4 + (entry[1].array.nbytes if entry[1] is not None else 0)

@@ -36,7 +36,7 @@ from grammars.json_value_distance import INF, JsonValueDistance
 from grammars.json_value_lexer import ARRAY, COMPLETE, MAX_DEPTH, NUM_STATES, OBJECT, TOP_OBJECT, VALUE, scan
 from grammars.json_value_tables import JsonValueTables, build_tables, load_tables, save_tables
 from grammars.private_dir import owned_file, private_dir
-from grammars.sparse_mask import SparseMask, sparse_mask
+from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
 from grammars.vocabulary import TokenVocabulary
 
 log = logging.getLogger("maskd.grammars")
@@ -110,6 +110,7 @@ class JsonValueAutomaton:
         self._entries: dict[tuple, Entry] = {}
         self._costs: dict[tuple, tuple[int, tuple[int, ...], int]] = {}  # -> (cur - base, deltas per chunk, far)
         self._budget_rows: dict[tuple, torch.Tensor] = {}
+        self._budget_sparse = SecondAsk(self.size)  # budget_rows' keys -> their SparseMasks
         with torch.inference_mode(False):
             self.nothing_allowed = SparseMask(True, torch.empty(0, dtype=torch.int64), self.size)
 
@@ -244,17 +245,29 @@ class JsonValueAutomaton:
     def budget_row(self, q: int, frame: Frame, budget: int) -> torch.Tensor | None:
         """int32 [width]: the tokens after which a complete value is at most ``budget - 1`` tokens
         away (if none, those that get nearest; EOS where complete); None if that rules out nothing."""
-        rel, deltas, far = self._costs_of(q, frame)
+        key = self._budget_key(q, frame, budget)
+        return None if key is None else self._budget_row(key, q, frame)
+
+    def budget_sparse(self, q: int, frame: Frame, budget: int) -> SparseMask | None:
+        """budget_row's SparseMask from its second ask on (grammars/sparse_mask.py SecondAsk), else
+        None. Only where budget_row is not None."""
+        key = self._budget_key(q, frame, budget)
+        return self._budget_sparse.get(key, lambda: self._budget_row(key, q, frame))
+
+    def _budget_key(self, q: int, frame: Frame, budget: int) -> tuple | None:
+        rel, _, far = self._costs_of(q, frame)
         cur = frame.base + rel
         slack = max(budget - 1, cur - 1) - cur
         if slack >= far:
             return None
-        key = (q, frame.pids[:self.pops[q] + 1], min(MAX_DEPTH - frame.depth, self.rise[q]), slack)
+        return (q, frame.pids[:self.pops[q] + 1], min(MAX_DEPTH - frame.depth, self.rise[q]), slack)
+
+    def _budget_row(self, key: tuple, q: int, frame: Frame) -> torch.Tensor:
         got = self._budget_rows.get(key)
         if got is None:
-            entry = self.entry(q, frame)
+            entry, slack = self.entry(q, frame), key[-1]
             words = self._eos_words.copy() if entry.final else np.zeros(self.width, dtype=np.uint32)
-            for (alt, tokens), delta in zip(entry.chunks, deltas):
+            for (alt, tokens), delta in zip(entry.chunks, self._costs_of(q, frame)[1]):
                 if delta <= slack:
                     words |= self._chunk_words(q, alt, tokens)
             with torch.inference_mode(False):

@@ -62,12 +62,15 @@ class JsonValueMatcher:
         bitmask_row.copy_(self.automaton.entry(self._q, self._frame).row)
 
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
-        """The tokens ``fill(row, budget)`` would allow as a SparseMask, or None: both sides of the
-        mask are long, or the budget narrows it (then fill)."""
+        """The tokens ``fill(row, budget)`` would allow as a SparseMask, or None (then fill): both sides
+        of the mask are long, or the budget narrows it and this narrowed mask is asked for the first
+        time (JsonValueAutomaton.budget_sparse)."""
         if self._terminated:
             return self.automaton.nothing_allowed
-        if budget is not None and self.automaton.budget_row(self._q, self._frame, budget) is not None:
-            return None
+        if budget is not None and budget < self.automaton.safe_budget(self._q, self._frame):
+            sparse = self.automaton.budget_sparse(self._q, self._frame, budget)  # None on a first ask
+            self.budget_forced |= sparse is not None
+            return sparse
         return self.automaton.entry(self._q, self._frame).sparse
 
     def accepts(self, token_id: int) -> bool:

@@ -96,11 +96,15 @@ class Matcher:
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
         """The tokens ``fill(row, budget)`` would allow, as the state's memoised short id lists, with
         no fill needed; None if both sides are long, if not known yet (see
-        CompiledGrammar.state_sparse_mask), or if the budget narrows the mask (then fill)."""
+        CompiledGrammar.state_sparse_mask); where the budget narrows the mask, the narrowed mask's
+        (None on its first ask: then fill; CompiledGrammar.budget_sparse)."""
         if self._terminated:
             return self.grammar.nothing_allowed
         if budget is not None and budget < self.grammar.budget.safe_budget(self._guide.get_state()):
-            return None  # as _budget_mask(budget) is not None, read from one memo
+            # as _budget_mask(budget) is not None, read from one memo
+            sparse = self.grammar.budget_sparse(self._guide, max(budget - 1, self.min_tokens() - 1))
+            self.budget_forced |= sparse is not None
+            return sparse
         return self.grammar.state_sparse_mask(self._guide)
 
     def accepts(self, token_id: int) -> bool:

@@ -95,6 +95,39 @@ def sparse_mask(bitmask_row: torch.Tensor, vocab_size: int) -> SparseMask | None
     return SparseMask(keep_allowed, _set_bits(words), vocab_size)
 
 
+class SecondAsk:
+    """SparseMasks of budget-narrowed rows, memoised per key and built on the key's second ask: a
+    narrowed mask asked for once (most are: the budget falls by one a token) keeps the fill and the
+    packed apply and never pays for the conversion (20-40 us); one asked again (the same state and
+    budget in a later request, or a row shared by many states) is masked from its id list from then
+    on. Shared by a grammar's requests; a race builds one twice, the same."""
+
+    __slots__ = ("size", "_memo")
+
+    def __init__(self, vocab_size: int) -> None:
+        self.size = vocab_size
+        self._memo: dict = {}  # key -> SparseMask | None | _ASKED
+
+    def get(self, key, row) -> SparseMask | None:
+        """The SparseMask of ``row()`` (int32 [W], made only when needed) under ``key``; None on
+        the first ask, and where both sides of the mask are long."""
+        got = self._memo.get(key, _UNASKED)
+        if got is _UNASKED:
+            self._memo[key] = _ASKED
+            return None
+        if got is _ASKED:
+            got = self._memo[key] = sparse_mask(row(), self.size)
+        return got
+
+    def held_bytes(self) -> int:
+        """Bytes held: the id lists, and ~100 per key asked."""
+        entries = list(self._memo.values())
+        return 100 * len(entries) + sum(entry.array.nbytes for entry in entries if isinstance(entry, SparseMask))
+
+
+_UNASKED, _ASKED = object(), object()
+
+
 def _set_bits(words: np.ndarray) -> np.ndarray:
     """int64 [k] ascending positions of the set bits of uint32 [W]: in C (grammars/_set_bits.c:
     ~25 us for 700 bits of 1536 words, most of it the ctypes call), else numpy (120-190 us)."""

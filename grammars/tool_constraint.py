@@ -160,10 +160,13 @@ class ToolCallConstraint:
 
     def sparse_mask(self, budget: int | None = None):
         """The tokens ``fill(row, budget)`` would allow as a memoised SparseMask, with no fill needed;
-        or None (then fill and use the row): where the budget narrows the mask, and in TEXT at a
+        or None (then fill and use the row): where the budget narrows a call's mask and that narrowed
+        mask is asked for the first time (SecondAsk), and in TEXT where it rules out a call, at a
         bare-object start (``fill`` checks `{` tokens there) and in FORCED / AFTER / DONE."""
         if self._phase == CALL:
-            return self._matcher.sparse_mask(None if budget is None else budget - self._tail())
+            sparse = self._matcher.sparse_mask(None if budget is None else budget - self._tail())
+            self._budget_forced |= self._matcher.budget_forced
+            return sparse
         if self._phase == TEXT:
             no_room = budget is not None and budget - 1 < self._call_min
             if not no_room and not (self._at_start and self._bare_start):

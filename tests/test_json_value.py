@@ -387,17 +387,23 @@ def test_top_must_be_object_or_value(automaton):
         JsonValueMatcher(automaton, "array")
 
 
-def test_sparse_mask_is_none_when_a_budget_narrows(automaton, vocab):
+def test_a_budget_narrowed_sparse_mask_is_the_filled_rows_from_its_second_ask(automaton, vocab):
     matcher = _at(automaton, vocab, b'{"a":"xy')
     assert matcher.sparse_mask() is not None and not matcher.sparse_mask().allowed  # a few banned ids
     assert matcher.sparse_mask(budget=100) is matcher.sparse_mask()
-    assert matcher.sparse_mask(budget=matcher.min_tokens()) is None
+    budget = matcher.min_tokens()
     row = torch.zeros(automaton.width, dtype=torch.int32)
-    matcher.fill(row, budget=matcher.min_tokens())
+    matcher.fill(row, budget=budget)
     assert matcher.budget_forced
     allowed = _allowed(row, vocab.size)
     assert allowed and all(matcher.min_tokens_after(t) <= matcher.min_tokens() - 1 for t in allowed)
-    assert sparse_mask(row, vocab.size) is not None  # the narrowed row has a short side too
+    expected = sparse_mask(row, vocab.size)
+    assert expected is not None  # the narrowed row has a short side
+    matcher.sparse_mask(budget=budget)  # a first ask (None, unless an earlier test asked it)
+    got = matcher.sparse_mask(budget=budget)
+    assert got is not None and got.allowed == expected.allowed and np.array_equal(got.array, expected.array)
+    assert matcher.sparse_mask(budget=budget) is got  # memoised
+    assert matcher.sparse_mask(budget=budget) is not matcher.sparse_mask()
 
 
 @pytest.mark.parametrize("prefix", [b'{"a":', b'{"a":[', b'{"a":[{"b":{}', b'{"k":"x', b"", b'{"a":{"b":[[1.5e'])

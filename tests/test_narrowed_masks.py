@@ -1,0 +1,70 @@
+"""Budget-narrowed masks as SparseMasks (grammars/sparse_mask.py SecondAsk): from its second ask on,
+sparse_mask(budget) gives what fill(row, budget) allows, for every kind of constraint, at every
+step and budget of a walk, without a fill."""
+
+import numpy as np
+import pytest
+import torch
+
+from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
+from grammars import schema_to_regex
+from grammars.json_value_matcher import JsonValueMatcher
+from grammars.sparse_mask import SecondAsk, sparse_mask
+from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+
+SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"},
+    "meta": {"type": "object", "additionalProperties": True}, "tags": {"type": "array", "items": {}}},
+    "required": ["city", "meta"], "additionalProperties": False}
+ARGUMENTS = '{"city":"Oslo","days":3,"meta":{"user":{"id":7,"seen":[1,"two",null]},"k":"v"},"tags":[true,[]]}'
+
+
+def test_second_ask_builds_the_sparse_form_once_on_the_second_ask():
+    vocab = smollm2_vocabulary()
+    row = torch.zeros((vocab.size + 31) // 32, dtype=torch.int32)
+    row[0] = 0b1010  # tokens 1 and 3
+    made = []
+    memo = SecondAsk(vocab.size)
+    assert memo.get("k", lambda: made.append(1) or row) is None and not made  # first ask: no row made
+    got = memo.get("k", lambda: made.append(1) or row)
+    assert got.allowed and got.array.tolist() == [1, 3] and made == [1]
+    assert memo.get("k", lambda: made.append(1) or row) is got and made == [1]
+    assert memo.held_bytes() >= got.array.nbytes
+
+
+def _constraints():
+    """(name, fresh constraint, the token ids of a valid text for it)."""
+    tokenizer, compiler = smollm2_tokenizer(), shared_compiler()
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    plain = compiler.compile_json_schema({"type": "object", "properties": {
+        "city": SCHEMA["properties"]["city"], "days": SCHEMA["properties"]["days"]},
+        "required": ["city"], "additionalProperties": False})
+    yield "unit", plain.matcher(), encode('{"city":"Oslo","days":3}')
+    yield "holes", compiler.compile_json_schema(SCHEMA).matcher(), encode(ARGUMENTS)
+    yield "json", JsonValueMatcher(compiler.json_automaton(), "object"), encode(ARGUMENTS)
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": SCHEMA}}]
+    constraint = compile_tool_constraint(tool_grammar("hermes", tools, schema_to_regex, True, None), compiler,
+                                         tokenizer, required=True)
+    yield "tool", constraint, encode('<tool_call>\n{"name": "forecast", "arguments": ' + ARGUMENTS + '}\n</tool_call>')
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
+    name, constraint, tokens = list(_constraints())[case]
+    size = smollm2_vocabulary().size
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    narrowed = 0
+    for token in tokens:
+        whole = constraint.sparse_mask()
+        for budget in range(1, 40):
+            constraint.sparse_mask(budget)  # the first ask
+            got = constraint.sparse_mask(budget)
+            if got is None:
+                continue
+            constraint.fill(row, budget)
+            expected = sparse_mask(row, size)
+            assert expected is not None and got.allowed == expected.allowed, (name, budget)
+            assert np.array_equal(got.array, expected.array), (name, budget)
+            narrowed += got is not whole
+        constraint.advance(token)
+    assert narrowed >= 20, name  # budgets narrowed masks on many steps, and those came as SparseMasks
