@@ -11,7 +11,8 @@ arguments (`",`, `weather", "`) is inside one unit, so it stays allowed, as the 
 
 While several units are live, the union of their masks is built from the units' memoised rows and
 memoised itself per tuple of (unit, state) (`_UNION_CACHE`), so an agent that sends the same tools
-again pays a dict lookup. Under a token budget only units that can still close within it take part.
+again pays a dict lookup. Under a token budget only units that can still close within it take part;
+a union narrowed by the budget is memoised there too, from its second ask on.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from grammars.sparse_mask import SparseMask, sparse_mask
 
 _UNION_CACHE: OrderedDict[tuple, tuple[torch.Tensor, SparseMask | None]] = OrderedDict()
 _UNION_CACHE_SIZE = 1024  # rows (6 KB each on a 49k vocabulary, 32 KB on 262k)
+_ASKED = object()  # a budget-narrowed union asked for once (UnionMatcher._narrowed)
 _LOCK = threading.Lock()
 _FORCED_LIMIT = 64
 
@@ -90,14 +92,15 @@ class UnionMatcher:
             row.bitwise_or_(scratch)
 
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
-        """The union's memoised SparseMask, or None where a budget narrows it (then fill)."""
+        """The union's memoised SparseMask, or None (then fill): both sides are long, or a budget
+        narrows a live unit's mask and this narrowed union is asked for the first time."""
         only = self.only
         if only is not None:
             return only.sparse_mask(budget)
         live = self._within(budget)
-        if len(live) < len(self._live) or (
-                budget is not None and any(self._matchers[i].narrows(budget) for i in live)):
-            return None
+        if budget is not None and any(self._matchers[i].narrows(budget) for i in live):
+            return self._narrowed(live, budget)
+        self._budget_forced |= len(live) < len(self._live)
         return self._union(live)[1]
 
     def _within(self, budget: int | None) -> tuple[int, ...]:
@@ -113,22 +116,48 @@ class UnionMatcher:
 
     def _union(self, live: tuple[int, ...]) -> tuple[torch.Tensor, SparseMask | None]:
         """(int32 [W] row, SparseMask or None) of the live units' states, memoised."""
-        key = tuple((self.union.units[i].key, self._matchers[i].state) for i in live)
+        return self._cached(tuple((self.union.units[i].key, self._matchers[i].state) for i in live), live)
+
+    def _narrowed(self, live: tuple[int, ...], budget: int) -> SparseMask | None:
+        """fill(row, budget)'s union of the live units' narrowed masks as a SparseMask, memoised as
+        the union is, from its second ask on (as grammars/sparse_mask.py SecondAsk); None on the first."""
+        key = ("budget", budget) + tuple((self.union.units[i].key, self._matchers[i].state) for i in live)
+        with _LOCK:
+            if key not in _UNION_CACHE:
+                _UNION_CACHE[key] = _ASKED
+                self._trim()
+                return None
+        self._budget_forced = True
+        return self._cached(key, live, budget)[1]
+
+    def _cached(self, key: tuple, live: tuple[int, ...], budget: int | None = None):
+        """_UNION_CACHE's (int32 [W] row, SparseMask or None) under ``key``: the union of the live
+        units' rows (narrowed by ``budget`` if given), made if absent."""
         with _LOCK:
             hit = _UNION_CACHE.get(key)
-            if hit is not None:
+            if hit is not None and hit is not _ASKED:
                 _UNION_CACHE.move_to_end(key)
                 return hit
         with torch.inference_mode(False):  # read both inside and outside the engine's step
             row = torch.zeros(self._width, dtype=torch.int32)  # [W]
+            scratch = torch.empty_like(row)
             for i in live:
-                row.bitwise_or_(self._matchers[i].row())
+                if budget is None:
+                    row.bitwise_or_(self._matchers[i].row())
+                else:
+                    self._matchers[i].fill(scratch, budget)
+                    row.bitwise_or_(scratch)
             entry = (row, sparse_mask(row, self.vocabulary.size))
         with _LOCK:
             _UNION_CACHE[key] = entry
-            while len(_UNION_CACHE) > _UNION_CACHE_SIZE:
-                _UNION_CACHE.popitem(last=False)
+            _UNION_CACHE.move_to_end(key)
+            self._trim()
         return entry
+
+    @staticmethod
+    def _trim() -> None:
+        while len(_UNION_CACHE) > _UNION_CACHE_SIZE:
+            _UNION_CACHE.popitem(last=False)
 
     # -- stepping -----------------------------------------------------------------------------------
     def accepts(self, token_id: int) -> bool:

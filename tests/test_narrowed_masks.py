@@ -11,6 +11,7 @@ from grammars import schema_to_regex
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.sparse_mask import SecondAsk, sparse_mask
 from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+from grammars.unit_union import _UNION_CACHE
 
 SCHEMA = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"},
@@ -46,9 +47,14 @@ def _constraints():
     constraint = compile_tool_constraint(tool_grammar("hermes", tools, schema_to_regex, True, None), compiler,
                                          tokenizer, required=True)
     yield "tool", constraint, encode('<tool_call>\n{"name": "forecast", "arguments": ' + ARGUMENTS + '}\n</tool_call>')
+    tools.append({"type": "function", "function": {"name": "forecast_hourly", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+    constraint = compile_tool_constraint(tool_grammar("hermes", tools, schema_to_regex, True, None), compiler,
+                                         tokenizer, required=True)  # two units live through `forecast`
+    yield "union", constraint, encode('<tool_call>\n{"name": "forecast_hourly", "arguments": {"city":"Oslo"}}\n</tool_call>')
 
 
-@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("case", range(5))
 def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
     name, constraint, tokens = list(_constraints())[case]
     size = smollm2_vocabulary().size
@@ -68,3 +74,5 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
             narrowed += got is not whole
         constraint.advance(token)
     assert narrowed >= 20, name  # budgets narrowed masks on many steps, and those came as SparseMasks
+    if name == "union":
+        assert any(key[0] == "budget" for key in _UNION_CACHE)  # narrowed while two units were live
