@@ -90,7 +90,7 @@ class CompiledGrammar:
         thread, and warms their masks in the background)."""
         if not self._holes:
             from grammars.hole_tables import HoleTables
-            from grammars.json_value import json_value_automaton
+            from grammars.json_value_cache import json_value_automaton
 
             tables = HoleTables(self, json_value_automaton(self.vocabulary))
             tables.prepare()

@@ -215,7 +215,7 @@ class GrammarCompiler:
     def json_automaton(self):
         """The vocabulary's JSON-value automaton (grammars/json_value.py): built, or read from the
         disk cache, on first call (the server calls it at startup), then shared."""
-        from grammars.json_value import json_value_automaton
+        from grammars.json_value_cache import json_value_automaton
 
         if self._json is None:
             started = time.perf_counter()

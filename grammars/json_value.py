@@ -3,8 +3,8 @@
 OpenAI's ``json_object`` and the schemas ``{}`` / ``true`` accept any JSON value of any depth; a
 regex can only unroll a fixed depth (depth 3 compiles in 11 s on a 49k vocabulary, 26 s on a
 262k one).  This automaton is built once per vocabulary in well under a second (a few seconds of
-Python at most) and shared by every request; JsonValueMatcher (grammars/json_value_matcher.py)
-is its per-request cursor.
+Python at most) and shared by every request (grammars/json_value_cache.py, with its disk cache);
+JsonValueMatcher (grammars/json_value_matcher.py) is its per-request cursor.
 
 A state is (q, stack): a lexical state (grammars/json_value_lexer.py) and the open containers,
 held as immutable ``Frame`` chains so that a state can be snapshotted and rolled back for free.
@@ -21,25 +21,16 @@ stack profiles, memoised per (q, profiles of the innermost ``pops[q] + 1`` depth
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import threading
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from grammars.budget import NEVER_NARROWED
-from grammars.cache_version import JSON_VALUE_VERSION
 from grammars.json_value_distance import INF, JsonValueDistance
 from grammars.json_value_lexer import ARRAY, COMPLETE, MAX_DEPTH, NUM_STATES, OBJECT, TOP_OBJECT, VALUE, scan
-from grammars.json_value_tables import JsonValueTables, build_tables, load_tables, save_tables
-from grammars.private_dir import owned_file, private_dir
+from grammars.json_value_tables import JsonValueTables
 from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
-from grammars.vocabulary import TokenVocabulary
-
-log = logging.getLogger("maskd.grammars")
 
 
 class Frame:
@@ -273,47 +264,3 @@ class JsonValueAutomaton:
             with torch.inference_mode(False):
                 got = self._budget_rows.setdefault(key, torch.from_numpy(words.view(np.int32)))
         return got
-
-
-_AUTOMATA: dict[str, JsonValueAutomaton] = {}
-_BUILDING: dict[str, threading.Lock] = {}
-_LOCK = threading.Lock()
-
-
-def json_value_automaton(vocabulary: TokenVocabulary, cache_dir: str | None = None) -> JsonValueAutomaton:
-    """The one shared automaton of ``vocabulary`` (memory cache; tables on disk in ``cache_dir``)."""
-    key = vocabulary.fingerprint
-    got = _AUTOMATA.get(key)
-    if got is not None:
-        return got
-    with _LOCK:
-        lock = _BUILDING.setdefault(key, threading.Lock())
-    with lock:  # one build per vocabulary, others wait for it
-        got = _AUTOMATA.get(key)
-        if got is None:
-            tables = _disk_tables(vocabulary, cache_dir)
-            got = _AUTOMATA[key] = JsonValueAutomaton(tables, vocabulary.eos_token_ids, key)
-    return got
-
-
-def _disk_tables(vocabulary: TokenVocabulary, cache_dir: str | None) -> JsonValueTables:
-    path = None
-    if cache_dir and private_dir(cache_dir):
-        name = hashlib.sha256(f"{vocabulary.fingerprint}|json-value|{JSON_VALUE_VERSION}".encode()).hexdigest()
-        path = os.path.join(cache_dir, f"json-value-{name[:32]}.npz")
-        if owned_file(path):
-            try:
-                tables = load_tables(path)
-                if tables.size == vocabulary.size:
-                    return tables
-                log.warning("%s is for a vocabulary of %d tokens, not %d; rebuilding", path, tables.size,
-                            vocabulary.size)
-            except (OSError, ValueError, KeyError) as exc:
-                log.warning("could not read %s (%s); rebuilding it", path, exc)
-    tables = build_tables(vocabulary.token_bytes, vocabulary.size)
-    if path:
-        try:
-            save_tables(tables, path)
-        except OSError as exc:
-            log.warning("could not write %s (%s); the JSON value tables stay in memory only", path, exc)
-    return tables

@@ -20,7 +20,8 @@ import torch
 from grammar_fixtures import smollm2_tokenizer, smollm2_vocabulary
 from grammars.errors import GrammarError
 from grammars.json_schema import json_object_regex
-from grammars.json_value import JsonValueAutomaton, _disk_tables, json_value_automaton
+from grammars.json_value import JsonValueAutomaton
+from grammars.json_value_cache import _disk_tables, json_value_automaton
 from grammars.json_value_lexer import AFTER, ARRAY, ARRAY_FIRST, KEY, MAX_DEPTH, N_FRAC, NAMES, OBJECT
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.json_value_tables import load_tables
@@ -366,7 +367,7 @@ def test_one_shared_automaton_and_its_disk_cache(automaton, vocab, tmp_path, mon
     loaded = load_tables(str(tmp_path / files[0]))  # numpy arrays only: loads with allow_pickle=False
     for name, array in tables.arrays().items():
         assert np.array_equal(loaded.arrays()[name], array) and np.array_equal(automaton.tables.arrays()[name], array)
-    import grammars.json_value as module
+    import grammars.json_value_cache as module
 
     monkeypatch.setattr(module, "build_tables", lambda *a: pytest.fail("the tables should come from disk"))
     again = JsonValueAutomaton(_disk_tables(vocab, str(tmp_path)), vocab.eos_token_ids)

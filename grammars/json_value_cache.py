@@ -1,0 +1,60 @@
+"""The one JsonValueAutomaton per vocabulary (grammars/json_value.py): built once per process, its
+tables read from and written to the disk cache (``cache_dir``), shared by every request."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+
+from grammars.cache_version import JSON_VALUE_VERSION
+from grammars.json_value import JsonValueAutomaton
+from grammars.json_value_tables import JsonValueTables, build_tables, load_tables, save_tables
+from grammars.private_dir import owned_file, private_dir
+from grammars.vocabulary import TokenVocabulary
+
+log = logging.getLogger("maskd.grammars")
+
+_AUTOMATA: dict[str, JsonValueAutomaton] = {}
+_BUILDING: dict[str, threading.Lock] = {}
+_LOCK = threading.Lock()
+
+
+def json_value_automaton(vocabulary: TokenVocabulary, cache_dir: str | None = None) -> JsonValueAutomaton:
+    """The one shared automaton of ``vocabulary`` (memory cache; tables on disk in ``cache_dir``)."""
+    key = vocabulary.fingerprint
+    got = _AUTOMATA.get(key)
+    if got is not None:
+        return got
+    with _LOCK:
+        lock = _BUILDING.setdefault(key, threading.Lock())
+    with lock:  # one build per vocabulary, others wait for it
+        got = _AUTOMATA.get(key)
+        if got is None:
+            tables = _disk_tables(vocabulary, cache_dir)
+            got = _AUTOMATA[key] = JsonValueAutomaton(tables, vocabulary.eos_token_ids, key)
+    return got
+
+
+def _disk_tables(vocabulary: TokenVocabulary, cache_dir: str | None) -> JsonValueTables:
+    path = None
+    if cache_dir and private_dir(cache_dir):
+        name = hashlib.sha256(f"{vocabulary.fingerprint}|json-value|{JSON_VALUE_VERSION}".encode()).hexdigest()
+        path = os.path.join(cache_dir, f"json-value-{name[:32]}.npz")
+        if owned_file(path):
+            try:
+                tables = load_tables(path)
+                if tables.size == vocabulary.size:
+                    return tables
+                log.warning("%s is for a vocabulary of %d tokens, not %d; rebuilding", path, tables.size,
+                            vocabulary.size)
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("could not read %s (%s); rebuilding it", path, exc)
+    tables = build_tables(vocabulary.token_bytes, vocabulary.size)
+    if path:
+        try:
+            save_tables(tables, path)
+        except OSError as exc:
+            log.warning("could not write %s (%s); the JSON value tables stay in memory only", path, exc)
+    return tables
