@@ -9,7 +9,7 @@ The requests are naturalness_bench's (every --stride-th BFCL schema as tools wit
 is what the engine spends on the mask of its one constrained row: the ConstraintMasker call (the
 state's sparse id list or packed-bitmask fill and apply, the budget check included) and the
 mask's part of the pick (engine/sampling.py settle()); the row's own argmax is the unconstrained
-pick and is not counted. Three measures over the same steps:
+pick and is not counted. Four measures over the same steps:
 
   engine       timed in the engine's step, on the CPU right after the model's forward pass (whose
                weights have just streamed through every cache: a CPU server's figure).
@@ -20,7 +20,10 @@ pick and is not counted. Three measures over the same steps:
                device). Each replayed pick must equal the engine's token (counted). The compiler
                sees the engine busy throughout, as it is while decoding: background warm-ups of
                masks wait (they neither take the GIL from the timed steps nor make their masks).
-  host, warm   the same replay again (states memoised, as for every later request).
+  host, warm   the same replay again: the second request, whose states are memoised (budget-
+               narrowed masks are made into id lists on their second ask, so here:
+               grammars/sparse_mask.py SecondAsk).
+  host, later  the replay a third time: what every later request costs.
 
 Prints a table, writes the JSON and a PNG of the distributions beside it.
 """
@@ -138,7 +141,7 @@ async def replays(state: ServerState, records: list[dict], masker, label: str) -
 
 def summarize(records: list[dict]) -> list[dict]:
     table = []
-    for label in ("engine", "host_cold", "host_warm"):
+    for label in ("engine", "host_cold", "host_warm", "host_later"):
         for task in ("all", "tools", "json_object", "free_form"):
             rs = [r for r in records if task in ("all", r["task"])]
             values = [t for r in rs for t in (r[label] if label != "engine" else [s[2] for s in r["steps"]])]
@@ -154,7 +157,7 @@ def plot(records: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label in ("engine", "host_cold", "host_warm"):
+    for label in ("engine", "host_cold", "host_warm", "host_later"):
         values = sorted(t for r in records for t in (r[label] if label != "engine" else [s[2] for s in r["steps"]]))
         ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=label)
     ax.set_xscale("log"), ax.set_xlabel("µs per masked step (masker + pick)"), ax.set_ylabel("share of steps")
@@ -189,6 +192,7 @@ def main() -> None:
         try:
             asyncio.run(replays(host, records, masker, "host_cold"))
             asyncio.run(replays(host, records, masker, "host_warm"))
+            asyncio.run(replays(host, records, masker, "host_later"))
         finally:
             fresh.close()
             state.compiler.close()
