@@ -64,7 +64,8 @@ class CompiledGrammar:
         object.__setattr__(self, name, value)
 
     def held_bytes(self) -> int:
-        """approx_bytes plus the per-state memos made since (packed rows and budget masks)."""
+        """approx_bytes plus the per-state memos made since (packed rows, budget masks and their id
+        lists)."""
         rows = len(self._masks) + sum(mask is not None for mask in list(self._budget_masks.values()))
         holes = self._holes[0].held_bytes() if self._holes else 0
         return self.approx_bytes + 4 * self.width * rows + self._budget_sparse.held_bytes() + holes

@@ -26,7 +26,7 @@ from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
 from grammars.errors import GrammarError
 from grammars.sparse_mask import SparseMask, sparse_mask
 
-_UNION_CACHE: OrderedDict[tuple, tuple[torch.Tensor, SparseMask | None]] = OrderedDict()
+_UNION_CACHE: OrderedDict[tuple, tuple[torch.Tensor, SparseMask | None] | object] = OrderedDict()
 _UNION_CACHE_SIZE = 1024  # rows (6 KB each on a 49k vocabulary, 32 KB on 262k)
 _ASKED = object()  # a budget-narrowed union asked for once (UnionMatcher._narrowed)
 _LOCK = threading.Lock()
@@ -140,7 +140,7 @@ class UnionMatcher:
                 return hit
         with torch.inference_mode(False):  # read both inside and outside the engine's step
             row = torch.zeros(self._width, dtype=torch.int32)  # [W]
-            scratch = torch.empty_like(row)
+            scratch = None if budget is None else torch.empty_like(row)  # [W]
             for i in live:
                 if budget is None:
                     row.bitwise_or_(self._matchers[i].row())
