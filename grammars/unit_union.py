@@ -69,7 +69,10 @@ class UnionMatcher:
 
     @property
     def budget_forced(self) -> bool:
-        return self._budget_forced or any(m.budget_forced for m in self._matchers)
+        """Whether a budget narrowed a mask here. Read at every step (ToolCallConstraint), so only
+        the live units are asked: a unit's mask was narrowed while others were live only through
+        this union's fill or _narrowed, which set the union's own flag."""
+        return self._budget_forced or any(self._matchers[i].budget_forced for i in self._live)
 
     def fill(self, row: torch.Tensor, budget: int | None = None) -> None:
         """row: int32 [W]; the union of the live units' masks (under ``budget``, of the units that can
