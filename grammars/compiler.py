@@ -221,8 +221,18 @@ class GrammarCompiler:
             started = time.perf_counter()
             self._json = json_value_automaton(self.vocabulary, cache_dir=self.cache_dir)
             self.stats["json_automaton_seconds"] = time.perf_counter() - started
-            self._after.later(self._json.warm, self._after.pause)  # its masks, while the engine idles
+            self._after.later(self._warm_json)  # its masks and the holes' exits, while the engine idles
         return self._json
+
+    def _warm_json(self) -> None:
+        from grammars.value_exits import value_exits
+
+        self._json.warm(self._after.pause)
+        try:
+            exits = value_exits(self.vocabulary)
+        except GrammarError:  # no one-byte token for the holes' sentinel: schemas compile without holes
+            return
+        exits.warm(self._after.pause)
 
     def json_object_matcher(self):
         """A matcher of one JSON object of any depth (OpenAI ``response_format={"type": "json_object"}``):

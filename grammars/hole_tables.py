@@ -22,14 +22,14 @@ import torch
 
 from grammars.free_values import HOLE
 from grammars.hole_bytes import bytes_view
-from grammars.json_value_lexer import (AFTER, ARRAY, COMPLETE, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT,
-                                       N_ZERO, OBJECT, S_BASE, S_BODY, VALUE, scan)
+from grammars.json_value_lexer import (AFTER, ARRAY, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT, N_ZERO,
+                                       OBJECT, S_BODY, VALUE, scan)
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
+from grammars.value_exits import EXIT_DEPTH, value_exits, walk
 
 _DONE = (AFTER, ())  # scan's state once a top-level value is complete
 HOLE_BYTE = HOLE.encode()[0]
-_EXIT_DEPTH = 4  # a token may leave a value from at most this many open containers
 _NEAR = 16  # a token may walk this many unit bytes into a hole
 # lexical states where a value (or its innermost container's item) often ends: their masks are made with the grammar
 _ENDINGS = (AFTER, N_ZERO, N_INT, N_FRAC, N_EXP_DIGITS, S_BODY, L_E, L_L)
@@ -43,15 +43,15 @@ class HoleTables:
         self.grammar, self.automaton, self.index = grammar, automaton, grammar.index
         view = bytes_view(vocabulary)
         self.sentinel, self.sentinel_ids, self.byte_ids = view.sentinel, view.sentinel_ids, view.byte_ids
-        self.longest, self.candidates, self.entry_candidates = view.longest, view.leaving, view.entering
+        self.candidates = view.leaving
         self.token_bytes = vocabulary.token_bytes
-        self.closers, self.quotes = view.closers, view.quotes
         self.width = grammar.width
         self.size = vocabulary.size
         self._memo: dict[tuple, object] = {}  # idempotent entries: a race computes one twice
         self._edges: dict[int, dict[int, int]] = {}  # unit state -> {byte: next state}
         self._holes: dict[int, int] = {}  # unit state where a value starts -> the state after it
         self._near: set[int] = set()  # unit states within _NEAR bytes of a hole
+        self.exits = value_exits(vocabulary)  # the vocabulary's leaving tokens by value state
         self.narrowed = SecondAsk(self.size)  # (HoleMatcher.state, budget) -> its narrowed SparseMask
 
     # -- the unit's side ------------------------------------------------------------------------------
@@ -118,43 +118,42 @@ class HoleTables:
     def entering(self, state: int) -> tuple[list[int], int]:
         """(the tokens that walk the unit from ``state`` into a value (`":`, `,"`, `[{`), the most
         tokens left after any of them); where a value starts here, also those that hold a whole value
-        and go on (the value's own first tokens are not listed: JsonValueMatcher masks them)."""
+        and go on (the value's own first tokens are not listed: JsonValueMatcher masks them). From the
+        vocabulary's lists (grammars/value_exits.py); memoised with their costs."""
         key = ("enter", state)
         if key not in self._memo:
-            out, worst = [], 0
-            firsts = set(self._edges.get(state, ()))
-            candidates = [t for b in firsts for t in self.entry_candidates.get(b, ())]
+            edges = self._edges.get(state, {})
+            walked = [got for b in edges for got in walk(self, state, self.exits.entries(b), whole=False)]
             if self.is_hole(state):  # a whole value and more: any first byte that may start a value
-                candidates += [t for b in FIRST_BYTES[VALUE] for t in self.candidates.get(b, ())]
-            for token in candidates:
-                found = self.run(state, None, -1, self.token_bytes[token])
-                if found is not None and (found[1][0] == "value" or self.sentinel in found[0]):
-                    out.append(token)
-                    worst = max(worst, self.least(found[1]))
-            self._memo[key] = (out, worst)
+                walked += self._starting(state, edges)
+            least = [self.least(end) for _, end in walked]
+            self._memo[("enter-costs", state)] = (np.asarray([t for t, _ in walked], dtype=np.int64),
+                                                  np.asarray(least, dtype=np.int64))
+            self._memo[key] = ([t for t, _ in walked], max(least, default=0))
         return self._memo[key]
+
+    def _starting(self, hole: int, edges: dict) -> list[tuple[int, tuple]]:
+        """(token, run()'s end) of the tokens holding `,`, `}` or `]` that start a value at unit state
+        ``hole`` (where the unit has an edge for a token's first byte, run() walks it)."""
+        if any(b in edges for b in FIRST_BYTES[VALUE]):  # rare: the unit goes on by a value's first byte
+            found = [(t, self.run(hole, None, -1, self.token_bytes[t]))
+                     for b in FIRST_BYTES[VALUE] for t in self.candidates.get(b, ())]
+            return [(t, got[1]) for t, got in found if got is not None and (got[1][0] == "value" or self.sentinel in got[0])]
+        out = [(t, ("value", hole, state)) for _, t, state in self.exits.starts()]
+        return out + walk(self, self.hole_after(hole), self.exits.exits(VALUE, ()), whole=True)
 
     def entering_costs(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(int64 entering(state)'s tokens, int64 the fewest tokens left after each): what a budget
         keeps of them, read without walking each token again at every narrowed step."""
-        key = ("enter-costs", state)
-        if key not in self._memo:
-            self._memo[key] = self._costs(state, None, -1, self.entering(state)[0])
-        return self._memo[key]
+        self.entering(state)
+        return self._memo[("enter-costs", state)]
 
     def leaving_costs(self, value_state, hole: int) -> tuple[np.ndarray, np.ndarray]:
-        """As entering_costs, for leaving(value_state, hole)'s tokens (memoised where leaving is)."""
-        key = ("leave-costs", value_state, hole)
-        if key in self._memo:
-            return self._memo[key]
-        got = self._costs(-1, value_state, hole, self.leaving(value_state, hole)[0])
-        if len(value_state[1]) <= _EXIT_DEPTH:
-            self._memo[key] = got
-        return got
-
-    def _costs(self, unit_state: int, value_state, hole: int, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        least = [self.least(self.run(unit_state, value_state, hole, self.token_bytes[t])[1]) for t in tokens]
-        return np.asarray(tokens, dtype=np.int64), np.asarray(least, dtype=np.int64)
+        """As entering_costs, for leaving(value_state, hole)'s tokens (made with them)."""
+        if len(value_state[1]) > EXIT_DEPTH:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        self.leaving(value_state, hole)
+        return self._memo[("leave-costs", value_state, hole)]
 
     def value_start(self) -> list[int]:
         """The tokens a value may start with (EOS not among them)."""
@@ -210,23 +209,17 @@ class HoleTables:
 
     def leaving(self, value_state, hole: int) -> tuple[list[int], int]:
         """(the tokens that complete the value from ``value_state`` and go on validly in the unit,
-        the most tokens left after any of them)."""
-        if len(value_state[1]) > _EXIT_DEPTH:
+        the most tokens left after any of them): the vocabulary's exits of that value state
+        (grammars/value_exits.py) whose rests walk in the unit after the value."""
+        if len(value_state[1]) > EXIT_DEPTH:
             return [], 0
         key = ("leave", value_state, hole)
         if key not in self._memo:
-            out, worst = [], 0
-            q, depth = value_state[0], len(value_state[1])
-            firsts = set(FIRST_BYTES[q]) | (set(self._edges.get(self.hole_after(hole), ())) if q in COMPLETE else set())
-            closers = self.closers  # a token leaving from `depth` open containers closes each of them
-            need = 1 if q >= S_BASE else 0  # in a string (or a key) it closes that too
-            for token in [t for b in firsts for t in self.candidates.get(b, ()) if closers[t] >= depth
-                          and self.quotes.get(t, 0) >= need]:
-                found = self.run(-1, value_state, hole, self.token_bytes[token])
-                if found is not None and found[0]:
-                    out.append(token)
-                    worst = max(worst, self.least(found[1]))
-            self._memo[key] = (out, worst)
+            walked = walk(self, self.hole_after(hole), self.exits.exits(*value_state), whole=True)
+            least = [self.least(end) for _, end in walked]
+            self._memo[("leave-costs", value_state, hole)] = (np.asarray([t for t, _ in walked], dtype=np.int64),
+                                                              np.asarray(least, dtype=np.int64))
+            self._memo[key] = ([t for t, _ in walked], max(least, default=0))
         return self._memo[key]
 
     def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:
@@ -236,10 +229,10 @@ class HoleTables:
 
     def value_entry(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None, int | None]:
         """value_mask's (row, sparse) and the least budget at which HoleMatcher.narrows is false, and
-        at every larger one (None past _EXIT_DEPTH, where the key does not hold the whole stack)."""
+        at every larger one (None past EXIT_DEPTH, where the key does not hold the whole stack)."""
         state = value.state
         after = self.hole_after(hole)
-        if len(state[1]) <= _EXIT_DEPTH:
+        if len(state[1]) <= EXIT_DEPTH:
             key = ("value", state, hole)
         else:  # no token leaves from this deep: the automaton's own mask, keyed as it keys it
             key = ("deep", id(self.automaton.entry(value._q, value._frame)), self.grammar.is_final(after))

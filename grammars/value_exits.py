@@ -1,0 +1,155 @@
+"""ValueExits: once per vocabulary, how tokens cross into and out of a free value, so that a grammar's
+first visit of a state near a hole walks only what depends on its unit.
+
+HoleTables (grammars/hole_tables.py) asks, at a state (q, stack) of a value written in a hole, which
+tokens complete the value and go on validly in the unit after it (`}}`, `"},"`, `1,"`), and at a
+unit state near a hole, which tokens walk the unit into a value (`":{"`, `,"`). Where a value ends
+inside a token depends only on the token and (q, stack), not on the grammar: it is scanned here
+once per vocabulary and value state (``exits``), and a grammar walks only the tokens' rests through
+its unit (``walk``). The tokens that may enter a value are held by first byte (``entries``), and
+those that start a value, with where their value part ends (``starts``). Every list of bytes is
+sorted, with the length each shares with the one before, so ``walk`` reuses a shared prefix's unit
+states and skips every one whose prefix already failed. ``warm`` makes every value state's exits
+ahead (the compiler runs it in the background once the JSON automaton is loaded).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from grammars.hole_bytes import BytesView, bytes_view
+from grammars.json_value_lexer import AFTER, ARRAY, COMPLETE, FIRST_BYTES, NUM_STATES, OBJECT, S_BASE, VALUE, scan
+
+EXIT_DEPTH = 4  # a token may leave a value from at most this many open containers
+_DONE = (AFTER, ())  # scan's state once a top-level value is complete
+
+
+class Rests(NamedTuple):
+    """Tokens and the bytes of each a unit walks, sorted by those bytes."""
+    tokens: tuple[int, ...]
+    rests: tuple[bytes, ...]  # never empty
+    shared: tuple[int, ...]  # how many leading bytes each rest shares with the one before (0 for the first)
+
+
+def _rests(found: list[tuple[bytes, int]]) -> Rests:
+    found.sort()
+    shared = [0] + [len(os.path.commonprefix((a[0], b[0]))) for a, b in zip(found, found[1:])]
+    return Rests(tuple(t for _, t in found), tuple(r for r, _ in found), tuple(shared))
+
+
+class ValueExits:
+    """Per vocabulary: the lists, each made on first use or by ``warm`` and memoised (thread-safe: a
+    race makes one twice, the same)."""
+
+    def __init__(self, view: BytesView, token_bytes: dict[int, bytes]) -> None:
+        self.view, self.token_bytes = view, token_bytes
+        self._memo: dict[object, object] = {}
+
+    def exits(self, q: int, stack: tuple[int, ...]) -> Rests:
+        """The tokens that may leave a value from state (q, stack) (stack at most EXIT_DEPTH deep) and
+        whose value part ends inside them, with the bytes after its end."""
+        key = (q, stack)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo.setdefault(key, self._scan(q, stack))
+        return got
+
+    def _scan(self, q: int, stack: tuple[int, ...]) -> Rests:
+        view, depth = self.view, len(stack)
+        need = 1 if q >= S_BASE else 0  # in a string (or a key) a leaving token closes it too
+        # a complete top-level value may end before any byte (the unit's), else at one the state takes
+        firsts = range(256) if not stack and q in COMPLETE else FIRST_BYTES[q]
+        found = []
+        for b in firsts:
+            for token in view.leaving.get(b, ()):
+                if view.closers[token] < depth or view.quotes.get(token, 0) < need:
+                    continue
+                data = self.token_bytes[token]
+                state, used = scan((q, stack), data)
+                if state == _DONE and used < len(data):
+                    found.append((data[used:], token))
+        return _rests(found)
+
+    def entries(self, first: int) -> Rests:
+        """The tokens that start with byte ``first`` and hold `:`, `,` or `[` (those that may walk a
+        unit into a value), with all their bytes."""
+        key = ("enter", first)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo.setdefault(key, _rests([(self.token_bytes[t], t) for t in self.view.entering.get(first, ())]))
+        return got
+
+    def starts(self) -> tuple[tuple[int, int, tuple], ...]:
+        """(first byte, token, the value state after it) of each token that holds `,`, `}` or `]`, may
+        start a value and ends inside it (those that end it too are ``exits(VALUE, ())``)."""
+        got = self._memo.get("starts")
+        if got is None:
+            found = []
+            for b in FIRST_BYTES[VALUE]:
+                for token in self.view.leaving.get(b, ()):
+                    data = self.token_bytes[token]
+                    state, used = scan((VALUE, ()), data)
+                    if state is not None and not (state == _DONE and used < len(data)):
+                        found.append((b, token, state))
+            got = self._memo.setdefault("starts", tuple(found))
+        return got
+
+    def warm(self, pause=lambda: None) -> None:
+        """Every list made ahead; ``pause()`` runs between two."""
+        self.starts()
+        for first in range(256):
+            pause()
+            self.entries(first)
+        level, stacks = [()], [()]
+        for _ in range(EXIT_DEPTH):
+            level = [stack + (kind,) for stack in level for kind in (OBJECT, ARRAY)]
+            stacks += level
+        for stack in stacks:
+            for q in range(NUM_STATES):
+                pause()
+                self.exits(q, stack)
+
+
+def walk(tables, start: int, rests: Rests, whole: bool) -> list[tuple[int, tuple]]:
+    """(token, the end HoleTables.run gives) of each of ``rests``' tokens whose bytes walk validly in
+    ``tables``' unit from state ``start``, as run() walks them: byte edges first, a value where a
+    hole has no edge for the byte (run() walks the rest from there). ``whole``: a rest that ends in
+    the unit counts (leaving a value), else only one that reaches a value does (entering one).
+    Sorted rests: one that shares the byte where the last walked one stopped stops there too."""
+    out, edges = [], tables._edges
+    states, good, at_hole = [start], 0, False  # the last walked rest's unit states, where it stopped
+    for token, rest, common in zip(rests.tokens, rests.rests, rests.shared):
+        # sorted: what it shares with the one before, it shares with the last walked up to its stop
+        if common > good:  # it holds the byte where that rest stopped
+            found = tables.run(states[good], None, -1, rest[good:]) if at_hole else None
+            if found is not None:
+                out.append((token, found[1]))
+            continue
+        del states[common + 1:]
+        state, k = states[-1], common
+        while k < len(rest):
+            following = edges[state].get(rest[k])
+            if following is None:
+                break
+            states.append(following)
+            state, k = following, k + 1
+        good, at_hole = k, k < len(rest) and tables.hole_after(state) is not None
+        if k == len(rest):
+            found = ([], ("unit", state)) if whole else None
+        else:
+            found = tables.run(state, None, -1, rest[k:]) if at_hole else None
+        if found is not None:
+            out.append((token, found[1]))
+    return out
+
+
+_EXITS: dict[str, ValueExits] = {}
+
+
+def value_exits(vocabulary) -> ValueExits:
+    """The one ValueExits of ``vocabulary``."""
+    got = _EXITS.get(vocabulary.fingerprint)
+    if got is None:
+        got = _EXITS.setdefault(vocabulary.fingerprint, ValueExits(bytes_view(vocabulary), vocabulary.token_bytes))
+    return got

@@ -1,0 +1,101 @@
+"""ValueExits and HoleTables.walk_rests: a value's leaving tokens, from the vocabulary's exits by value
+state and a sorted walk of their rests, are exactly those the byte-by-byte walk of each candidate
+token finds (HoleTables.run), with the same fewest tokens left after each."""
+
+import pytest
+
+from grammar_fixtures import shared_compiler, smollm2_vocabulary
+from grammars import schema_to_regex
+from grammars.hole_bytes import bytes_view
+from grammars.json_value_lexer import AFTER, ARRAY, COMPLETE, FIRST_BYTES, NUM_STATES, OBJECT, S_BASE, VALUE
+from grammars.value_exits import EXIT_DEPTH, value_exits
+
+SCHEMAS = [
+    {"type": "object", "properties": {"query": {"type": "string"}, "metadata": {"type": "object"},
+                                      "tags": {"type": "array", "items": {}}, "limit": {"type": "integer"}},
+     "required": ["query", "metadata"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {}, "b": {}, "c": {"type": "object"}}, "required": ["a", "b", "c"],
+     "additionalProperties": False},  # values side by side: a token may leave one and enter the next
+    {},  # the whole output one value: after it only the end
+    {"type": "object", "properties": {"n": {"anyOf": [{}, {"type": "string"}]}, "m": {}}, "required": ["n", "m"],
+     "additionalProperties": False},  # a hole where the unit goes on by `"` too: run() walks those tokens
+]
+STACKS = [(), (OBJECT,), (ARRAY,), (OBJECT, ARRAY), (ARRAY, OBJECT, ARRAY), (OBJECT,) * EXIT_DEPTH]
+
+
+def by_candidates(tables, value_state, hole) -> dict[int, int]:
+    """Every token holding `,`, `}` or `]` that may start there, walked by run(): token -> least after it."""
+    view = bytes_view(smollm2_vocabulary())
+    q, stack = value_state
+    firsts = set(FIRST_BYTES[q]) | (set(tables._edges.get(tables.hole_after(hole), ())) if q in COMPLETE else set())
+    need = 1 if q >= S_BASE else 0
+    out = {}
+    for b in firsts:
+        for token in view.leaving.get(b, ()):
+            if view.closers[token] < len(stack) or view.quotes.get(token, 0) < need:
+                continue
+            found = tables.run(-1, value_state, hole, tables.token_bytes[token])
+            if found is not None and found[0]:  # the value ended inside it and the unit went on
+                out[token] = tables.least(found[1])
+    return out
+
+
+@pytest.mark.parametrize("schema", range(len(SCHEMAS)))
+def test_leaving_tokens_are_those_each_walked_alone_finds(schema):
+    grammar = shared_compiler().compile_regex(schema_to_regex(SCHEMAS[schema], free_values=True))
+    tables = grammar.hole_tables()
+    holes = sorted(tables._holes)
+    assert holes
+    compared = leaving = 0
+    for hole in holes:
+        for stack in STACKS:
+            for q in range(NUM_STATES):
+                expected = by_candidates(tables, (q, stack), hole)
+                tokens, worst = tables.leaving((q, stack), hole)
+                assert sorted(tokens) == sorted(expected), (q, stack, hole)
+                assert worst == max(expected.values(), default=0)
+                ids, least = tables.leaving_costs((q, stack), hole)
+                assert dict(zip(ids.tolist(), least.tolist())) == expected
+                compared += 1
+                leaving += len(tokens)
+    assert compared >= NUM_STATES * len(STACKS)
+    assert leaving > 10 if SCHEMAS[schema] else leaving == 0  # {}: nothing follows the value
+
+
+def by_run(tables, state) -> dict[int, int]:
+    """Every token that may enter a value from unit ``state``, walked by run(): token -> least after it."""
+    view = bytes_view(smollm2_vocabulary())
+    candidates = [t for b in tables._edges.get(state, {}) for t in view.entering.get(b, ())]
+    if tables.is_hole(state):
+        candidates += [t for b in FIRST_BYTES[VALUE] for t in view.leaving.get(b, ())]
+    out = {}
+    for token in candidates:
+        found = tables.run(state, None, -1, tables.token_bytes[token])
+        if found is not None and (found[1][0] == "value" or tables.sentinel in found[0]):
+            out[token] = tables.least(found[1])
+    return out
+
+
+@pytest.mark.parametrize("schema", range(len(SCHEMAS)))
+def test_entering_tokens_are_those_each_walked_alone_finds(schema):
+    grammar = shared_compiler().compile_regex(schema_to_regex(SCHEMAS[schema], free_values=True))
+    tables = grammar.hole_tables()
+    entering = 0
+    for state in range(grammar.index.n_states):
+        expected = by_run(tables, state)
+        tokens, worst = tables.entering(state)
+        assert set(tokens) == set(expected), state
+        assert worst == max(expected.values(), default=0)
+        ids, least = tables.entering_costs(state)
+        assert dict(zip(ids.tolist(), least.tolist())) == expected
+        entering += len(set(tokens))
+    assert entering > (20 if SCHEMAS[schema] else 10)
+    if schema == 3:
+        assert any(b in tables._edges[hole] for hole in tables._holes for b in FIRST_BYTES[VALUE])  # {}: only tokens that stay in the value
+
+
+def test_exits_are_sorted_by_rest_with_their_shared_prefixes():
+    exits = value_exits(smollm2_vocabulary()).exits(AFTER, (OBJECT,))  # after a member's value: `},`, `}]`, `}}`
+    assert len(exits.tokens) > 5 and list(exits.rests) == sorted(exits.rests) and all(exits.rests)
+    for before, rest, shared in zip(exits.rests, exits.rests[1:], exits.shared[1:]):
+        assert before[:shared] == rest[:shared] and (shared == min(len(before), len(rest)) or before[shared] != rest[shared])
