@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from grammars.errors import GrammarError
-from grammars.hole_tables import value_at
+from grammars.hole_tables import clear_bits, value_at
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.matcher import Matcher
 from grammars.sparse_mask import SparseMask
@@ -117,7 +117,7 @@ class HoleMatcher:
         words = row.numpy().view(np.uint32)  # [W], the row's memory
         if self.value is None:
             self.unit.fill(row, budget)
-            _clear(words, tables.sentinel_ids)
+            clear_bits(words, tables.sentinel_ids)
             state = None if self.unit._terminated else self.unit.state
             if state is not None and tables.near_hole(state):  # tokens into a value that fit
                 tokens, least = tables.entering_costs(state)
@@ -145,7 +145,7 @@ class HoleMatcher:
 
     def _clear_eos(self, row: torch.Tensor, final: bool) -> None:
         if not final:
-            _clear(row.numpy().view(np.uint32), self.tables.automaton.eos_token_ids)
+            clear_bits(row.numpy().view(np.uint32), self.tables.automaton.eos_token_ids)
 
     # -- stepping -------------------------------------------------------------------------------------
     def accepts(self, token_id: int) -> bool:
@@ -239,9 +239,3 @@ def _set(words: np.ndarray, ids) -> None:
     """Sets the bits of token ``ids`` in uint32 ``words`` (bit j of word w = token 32*w + j)."""
     for token in ids:
         words[token >> 5] |= np.uint32(1 << (token & 31))
-
-
-def _clear(words: np.ndarray, ids) -> None:
-    """Clears the bits of token ``ids`` in uint32 ``words``."""
-    for token in ids:
-        words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)

@@ -26,11 +26,10 @@ from grammars.json_value_lexer import (AFTER, ARRAY, FIRST_BYTES, L_E, L_L, N_EX
                                        OBJECT, S_BODY, VALUE, scan)
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
-from grammars.value_exits import EXIT_DEPTH, value_exits, walk
+from grammars.value_exits import DONE, EXIT_DEPTH, NEAR, value_exits, walk
 
-_DONE = (AFTER, ())  # scan's state once a top-level value is complete
 HOLE_BYTE = HOLE.encode()[0]
-_NEAR = 16  # a token may walk this many unit bytes into a hole
+_FEW_EDGES = 8  # entering tokens are looked up by their first two bytes from a state with at most this many edges
 # lexical states where a value (or its innermost container's item) often ends: their masks are made with the grammar
 _ENDINGS = (AFTER, N_ZERO, N_INT, N_FRAC, N_EXP_DIGITS, S_BODY, L_E, L_L)
 
@@ -50,7 +49,7 @@ class HoleTables:
         self._memo: dict[tuple, object] = {}  # idempotent entries: a race computes one twice
         self._edges: dict[int, dict[int, int]] = {}  # unit state -> {byte: next state}
         self._holes: dict[int, int] = {}  # unit state where a value starts -> the state after it
-        self._near: set[int] = set()  # unit states within _NEAR bytes of a hole
+        self._near: dict[int, int] = {}  # unit state within NEAR bytes of a hole -> how many bytes
         self.exits = value_exits(vocabulary)  # the vocabulary's leaving tokens by value state
         self.narrowed = SecondAsk(self.size)  # (HoleMatcher.state, budget) -> its narrowed SparseMask
 
@@ -64,7 +63,7 @@ class HoleTables:
 
     def prepare(self) -> None:
         """Once per grammar, before its first matcher: the one-byte edges of every unit state, where
-        values start and which states lie within _NEAR bytes of a hole (the masks come from ``warm``
+        values start and which states lie within NEAR bytes of a hole (the masks come from ``warm``
         or on first use)."""
         states = range(self.index.n_states)
         labels = {t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE}
@@ -75,13 +74,13 @@ class HoleTables:
         for state, out in edges.items():
             for following in out.values():
                 into.setdefault(following, set()).add(state)
-        near = {state for state in states if self.is_hole(state)}
+        near = {state: 0 for state in states if self.is_hole(state)}
         frontier = set(near)
-        for _ in range(_NEAR):  # backwards from the holes, one byte at a time
+        for far in range(1, NEAR + 1):  # backwards from the holes, one byte at a time
             frontier = {s for n in frontier for s in into.get(n, ()) if s not in near}
             if not frontier:
                 break
-            near |= frontier
+            near.update(dict.fromkeys(frontier, far))
         self._edges, self._near = edges, near
 
     def warm(self, pause=lambda: time.sleep(0)) -> None:
@@ -100,7 +99,7 @@ class HoleTables:
                     self.value_mask(value_at(self, q, stack), hole)
 
     def near_hole(self, state: int) -> bool:
-        """Whether a hole is at most _NEAR bytes away from ``state``."""
+        """Whether a hole is at most NEAR bytes away from ``state``."""
         return state in self._near
 
     def unit_mask(self, state: int) -> tuple[torch.Tensor, SparseMask | None] | None:
@@ -108,11 +107,11 @@ class HoleTables:
         where none can (then the unit's own masks apply unchanged)."""
         key = ("unit", state)
         if key not in self._memo:
-            entering = None
+            got = None
             if self.near_hole(state):
-                entering = self.entering(state)[0] + (self.value_start() if self.is_hole(state) else [])
-            self._memo[key] = None if entering is None else self._row(
-                self.grammar.state_mask_of(state), entering, clear=self.sentinel_ids)
+                got = self._row(self.grammar.state_mask_of(state), self.entering(state)[0], clear=self.sentinel_ids,
+                                words=self.value_start() if self.is_hole(state) else None)
+            self._memo[key] = got
         return self._memo[key]
 
     def entering(self, state: int) -> tuple[list[int], int]:
@@ -122,8 +121,14 @@ class HoleTables:
         vocabulary's lists (grammars/value_exits.py); memoised with their costs."""
         key = ("enter", state)
         if key not in self._memo:
-            edges = self._edges.get(state, {})
-            walked = [got for b in edges for got in walk(self, state, self.exits.entries(b), whole=False)]
+            edges, walked = self._edges.get(state, {}), []
+            if len(edges) > _FEW_EDGES and not self.is_hole(state):  # as in a string: the tokens long enough
+                walked = walk(self, state, self.exits.longer(self._near.get(state, 0)), whole=False)
+            else:  # a token takes a unit byte first; by its first two bytes (one byte stays in the unit)
+                for first, following in edges.items():
+                    by_second = self.exits.entries(first)
+                    seconds = by_second if self.is_hole(following) else by_second.keys() & self._edges[following].keys()
+                    walked += [got for second in seconds for got in walk(self, state, by_second[second], whole=False)]
             if self.is_hole(state):  # a whole value and more: any first byte that may start a value
                 walked += self._starting(state, edges)
             least = [self.least(end) for _, end in walked]
@@ -155,13 +160,15 @@ class HoleTables:
         self.leaving(value_state, hole)
         return self._memo[("leave-costs", value_state, hole)]
 
-    def value_start(self) -> list[int]:
-        """The tokens a value may start with (EOS not among them)."""
+    def value_start(self) -> np.ndarray:
+        """uint32 [W]: the packed tokens a value may start with (EOS not among them)."""
         key = ("start",)
         if key not in self._memo:
             row = torch.zeros(self.width, dtype=torch.int32)  # [W]
             JsonValueMatcher(self.automaton, top="value").fill(row)
-            self._memo[key] = [t for t in _bits(row, self.size) if t not in self.automaton.eos_token_ids]
+            words = row.numpy().view(np.uint32)
+            clear_bits(words, self.automaton.eos_token_ids)
+            self._memo[key] = words
         return self._memo[key]
 
     def least(self, end) -> int:
@@ -190,7 +197,7 @@ class HoleTables:
                 state, used = scan(value_state, data[pos:])
                 if state is None:
                     return None
-                if state == _DONE and pos + used < len(data):  # the value ends inside: the unit goes on
+                if state == DONE and pos + used < len(data):  # the value ends inside: the unit goes on
                     unit_state = self.hole_after(hole)
                     steps.append(self.sentinel)
                     value_state, pos = None, pos + used
@@ -261,25 +268,29 @@ class HoleTables:
                 total += sum(part.nbytes for part in entry)
             elif isinstance(entry, list):
                 total += 8 * len(entry)
+            elif isinstance(entry, np.ndarray):
+                total += entry.nbytes
         return total
 
-    def _row(self, base: torch.Tensor, add: list[int], clear) -> tuple[torch.Tensor, SparseMask | None]:
+    def _row(self, base: torch.Tensor, add: list[int], clear, words: np.ndarray | None = None
+             ) -> tuple[torch.Tensor, SparseMask | None]:
+        """(base's row less the tokens ``clear``, plus the tokens ``add`` and the packed ``words``, its SparseMask)."""
         with torch.inference_mode(False):
             row = base.clone()  # [W]
-            words = row.numpy().view(np.uint32)
-            for token in clear:
-                words[token >> 5] &= ~np.uint32(1 << (token & 31))
+            out = row.numpy().view(np.uint32)
+            clear_bits(out, clear)
             if add:
                 ids = np.asarray(add, dtype=np.int64)
-                np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+                np.bitwise_or.at(out, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+            if words is not None:
+                out |= words
             return row, sparse_mask(row, self.size)
 
 
-def _bits(row: torch.Tensor, size: int) -> list[int]:
-    """The set bits of an int32 [W] row below ``size``, ascending."""
-    words = row.numpy().view(np.uint32)
-    bits = np.unpackbits(words.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little").reshape(-1)[:size]
-    return np.flatnonzero(bits).tolist()
+def clear_bits(words: np.ndarray, ids) -> None:
+    """Clears the bits of token ``ids`` in uint32 ``words`` (bit j of word w = token 32*w + j)."""
+    for token in ids:
+        words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
 
 
 def value_at(tables: HoleTables, q: int, stack: tuple[int, ...]) -> JsonValueMatcher:

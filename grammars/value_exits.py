@@ -6,7 +6,8 @@ tokens complete the value and go on validly in the unit after it (`}}`, `"},"`, 
 unit state near a hole, which tokens walk the unit into a value (`":{"`, `,"`). Where a value ends
 inside a token depends only on the token and (q, stack), not on the grammar: it is scanned here
 once per vocabulary and value state (``exits``), and a grammar walks only the tokens' rests through
-its unit (``walk``). The tokens that may enter a value are held by first byte (``entries``), and
+its unit (``walk``). The tokens that may enter a value are held by their first two bytes (``entries``:
+a unit state has an edge for few of them), and
 those that start a value, with where their value part ends (``starts``). Every list of bytes is
 sorted, with the length each shares with the one before, so ``walk`` reuses a shared prefix's unit
 states and skips every one whose prefix already failed. ``warm`` makes every value state's exits
@@ -22,7 +23,8 @@ from grammars.hole_bytes import BytesView, bytes_view
 from grammars.json_value_lexer import AFTER, ARRAY, COMPLETE, FIRST_BYTES, NUM_STATES, OBJECT, S_BASE, VALUE, scan
 
 EXIT_DEPTH = 4  # a token may leave a value from at most this many open containers
-_DONE = (AFTER, ())  # scan's state once a top-level value is complete
+NEAR = 16  # a token may walk this many unit bytes into a value
+DONE = (AFTER, ())  # scan's state once a top-level value is complete
 
 
 class Rests(NamedTuple):
@@ -67,17 +69,34 @@ class ValueExits:
                     continue
                 data = self.token_bytes[token]
                 state, used = scan((q, stack), data)
-                if state == _DONE and used < len(data):
+                if state == DONE and used < len(data):
                     found.append((data[used:], token))
         return _rests(found)
 
-    def entries(self, first: int) -> Rests:
-        """The tokens that start with byte ``first`` and hold `:`, `,` or `[` (those that may walk a
-        unit into a value), with all their bytes."""
+    def entries(self, first: int) -> dict[int, Rests]:
+        """The tokens of two bytes or more that start with byte ``first`` and hold `:`, `,` or `[` (those
+        that may walk a unit into a value), with all their bytes, by their second byte."""
         key = ("enter", first)
         got = self._memo.get(key)
         if got is None:
-            got = self._memo.setdefault(key, _rests([(self.token_bytes[t], t) for t in self.view.entering.get(first, ())]))
+            by_second: dict[int, list] = {}
+            for token in self.view.entering.get(first, ()):
+                data = self.token_bytes[token]
+                if len(data) > 1:
+                    by_second.setdefault(data[1], []).append((data, token))
+            got = self._memo.setdefault(key, {second: _rests(found) for second, found in by_second.items()})
+        return got
+
+    def longer(self, than: int) -> Rests:
+        """The tokens longer than ``than`` bytes that hold `:`, `,` or `[`, with all their bytes: those
+        that may walk ``than`` unit bytes into a value (from a unit state with many edges, such as in
+        a string, the few long enough to reach the hole)."""
+        key = ("longer", than)
+        got = self._memo.get(key)
+        if got is None:
+            found = [(self.token_bytes[t], t) for tokens in self.view.entering.values() for t in tokens
+                     if len(self.token_bytes[t]) > than]
+            got = self._memo.setdefault(key, _rests(found))
         return got
 
     def starts(self) -> tuple[tuple[int, int, tuple], ...]:
@@ -90,7 +109,7 @@ class ValueExits:
                 for token in self.view.leaving.get(b, ()):
                     data = self.token_bytes[token]
                     state, used = scan((VALUE, ()), data)
-                    if state is not None and not (state == _DONE and used < len(data)):
+                    if state is not None and not (state == DONE and used < len(data)):
                         found.append((b, token, state))
             got = self._memo.setdefault("starts", tuple(found))
         return got
@@ -101,6 +120,9 @@ class ValueExits:
         for first in range(256):
             pause()
             self.entries(first)
+        for than in range(NEAR + 1):
+            pause()
+            self.longer(than)
         level, stacks = [()], [()]
         for _ in range(EXIT_DEPTH):
             level = [stack + (kind,) for stack in level for kind in (OBJECT, ARRAY)]
