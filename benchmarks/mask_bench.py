@@ -184,6 +184,7 @@ def main() -> None:
         finally:
             clock.remove()
             state.engine.shutdown()
+        state.compiler.drain()  # its warm-ups (the engine is idle now) end before the timed replays
         fresh = GrammarCompiler(state.vocabulary, cache_dir=second, timeout_s=60.0, workers=1)
         fresh.json_automaton()
         fresh.set_engine_idle(lambda: False)  # as in `maskd serve` while it decodes: warm-ups wait

@@ -76,6 +76,8 @@ def load_state(cache_dir: str, timeout: float, forced_text: bool = True, model: 
             pass
     engine.start()
     compiler = GrammarCompiler(vocabulary, cache_dir=cache_dir, timeout_s=timeout, workers=1)
+    if hasattr(compiler, "set_engine_idle"):
+        compiler.set_engine_idle(lambda: engine.idle)  # as in `maskd serve`: warm-ups wait while it decodes
     if hasattr(compiler, "json_automaton"):
         compiler.json_automaton()  # as `maskd serve` does at startup (new code)
     return ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
