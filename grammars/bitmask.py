@@ -32,6 +32,18 @@ def set_token_bits(row: torch.Tensor, token_ids) -> None:
     np.bitwise_or.at(row.numpy(), ids >> 5, bits)
 
 
+def words_on(words: np.ndarray, ids) -> None:
+    """Sets the bits of token ``ids`` in uint32 ``words`` (bit j of word w = token 32*w + j), one by one."""
+    for token in ids:
+        words[token >> 5] |= np.uint32(1 << (token & 31))
+
+
+def words_off(words: np.ndarray, ids) -> None:
+    """Clears the bits of token ``ids`` in uint32 ``words``, one by one."""
+    for token in ids:
+        words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
+
+
 def fill_next_token_bitmasks(pairs, bitmask: torch.Tensor, budgets=None) -> None:
     """For each (row, matcher) in ``pairs`` write the matcher's allowed tokens into ``bitmask[row]``.
 

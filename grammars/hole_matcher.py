@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from grammars.bitmask import words_off, words_on
 from grammars.errors import GrammarError
-from grammars.hole_tables import clear_bits, value_at
+from grammars.hole_tables import value_at
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.matcher import Matcher
 from grammars.sparse_mask import SparseMask
@@ -117,11 +118,11 @@ class HoleMatcher:
         words = row.numpy().view(np.uint32)  # [W], the row's memory
         if self.value is None:
             self.unit.fill(row, budget)
-            clear_bits(words, tables.sentinel_ids)
+            words_off(words, tables.sentinel_ids)
             state = None if self.unit._terminated else self.unit.state
             if state is not None and tables.near_hole(state):  # tokens into a value that fit
                 tokens, least = tables.entering_costs(state)
-                _set(words, tokens[least <= budget - 1])
+                words_on(words, tokens[least <= budget - 1])
             if state is not None and tables.is_hole(state):  # a value may start here
                 room = budget - grammar.min_tokens(tables.hole_after(self.unit.state))
                 if room >= 1 or not words.any():  # else nothing fits (the budget was short already): the nearest
@@ -137,7 +138,7 @@ class HoleMatcher:
                 self.value.fill(row, room)
                 self._clear_eos(row, final=grammar.is_final(after))
             tokens, least = tables.leaving_costs(self.value.state, self.hole)
-            _set(words, tokens[least <= budget - 1])
+            words_on(words, tokens[least <= budget - 1])
             if not words.any():  # nothing fits (the budget was short already): the nearest
                 self.value.fill(row, 1)
                 self._clear_eos(row, final=grammar.is_final(after))
@@ -145,7 +146,7 @@ class HoleMatcher:
 
     def _clear_eos(self, row: torch.Tensor, final: bool) -> None:
         if not final:
-            clear_bits(row.numpy().view(np.uint32), self.tables.automaton.eos_token_ids)
+            words_off(row.numpy().view(np.uint32), self.tables.automaton.eos_token_ids)
 
     # -- stepping -------------------------------------------------------------------------------------
     def accepts(self, token_id: int) -> bool:
@@ -233,9 +234,3 @@ class HoleMatcher:
 
     def free_text(self) -> bool:
         return False
-
-
-def _set(words: np.ndarray, ids) -> None:
-    """Sets the bits of token ``ids`` in uint32 ``words`` (bit j of word w = token 32*w + j)."""
-    for token in ids:
-        words[token >> 5] |= np.uint32(1 << (token & 31))

@@ -20,13 +20,14 @@ import time
 import numpy as np
 import torch
 
+from grammars.bitmask import words_off
 from grammars.free_values import HOLE
 from grammars.hole_bytes import bytes_view
 from grammars.json_value_lexer import (AFTER, ARRAY, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT, N_ZERO,
-                                       OBJECT, S_BODY, VALUE, scan)
+                                       OBJECT, S_BODY, VALUE)
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
-from grammars.value_exits import DONE, EXIT_DEPTH, NEAR, value_exits, walk
+from grammars.value_exits import EXIT_DEPTH, NEAR, run, value_exits, walk
 
 HOLE_BYTE = HOLE.encode()[0]
 _FEW_EDGES = 8  # entering tokens are looked up by their first two bytes from a state with at most this many edges
@@ -62,9 +63,11 @@ class HoleTables:
         return self.hole_after(state) is not None
 
     def prepare(self) -> None:
-        """Once per grammar, before its first matcher: the one-byte edges of every unit state, where
-        values start and which states lie within NEAR bytes of a hole (the masks come from ``warm``
-        or on first use)."""
+        """Once per grammar, before its first matcher (GrammarCompiler does it in the compile thread,
+        beside the request's prefill): the one-byte edges of every unit state, where values start,
+        which states lie within NEAR bytes of a hole, and their masks (3-6 ms for 20-90 states on
+        SmolLM2; at a first visit each cost 50-400 us on the request path). The masks inside values
+        come from ``warm`` or on first use."""
         states = range(self.index.n_states)
         labels = {t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE}
         labels[self.sentinel] = 256  # one pass over the transitions for both (no byte is 256)
@@ -82,21 +85,20 @@ class HoleTables:
                 break
             near.update(dict.fromkeys(frontier, far))
         self._edges, self._near = edges, near
+        for state in sorted(near):
+            self.unit_mask(state)
 
     def warm(self, pause=lambda: time.sleep(0)) -> None:
         """The masks first visits would make, made ahead (GrammarCompiler runs it after the compile,
-        in the background, so neither the compile nor a request's first tokens wait for them): at the
-        states near a hole and where values most often end. Each is what its first use would make.
-        ``pause()`` runs between masks (~0.3 ms each): by default it lets other threads take the GIL
-        at once; the compiler's waits while the engine computes, so decoding never shares the GIL with it."""
-        for state in sorted(self._near):
-            pause()
-            self.unit_mask(state)
+        in the background, so neither the compile nor a request's first tokens wait for them): where
+        values most often end. Each is what its first use would make. ``pause()`` runs between masks
+        (~0.1-0.3 ms each): by default it lets other threads take the GIL at once; the compiler's
+        waits while the engine computes, so decoding never shares the GIL with it."""
         for hole in sorted(self._holes):  # where values most often end
             for q in _ENDINGS:
                 for stack in ((), (OBJECT,), (ARRAY,)):
                     pause()
-                    self.value_mask(value_at(self, q, stack), hole)
+                    self.value_entry(value_at(self, q, stack), hole, now=True)
 
     def near_hole(self, state: int) -> bool:
         """Whether a hole is at most NEAR bytes away from ``state``."""
@@ -167,7 +169,7 @@ class HoleTables:
             row = torch.zeros(self.width, dtype=torch.int32)  # [W]
             JsonValueMatcher(self.automaton, top="value").fill(row)
             words = row.numpy().view(np.uint32)
-            clear_bits(words, self.automaton.eos_token_ids)
+            words_off(words, self.automaton.eos_token_ids)
             self._memo[key] = words
         return self._memo[key]
 
@@ -187,32 +189,8 @@ class HoleTables:
 
     # -- the value's side ------------------------------------------------------------------------------
     def run(self, unit_state: int, value_state, hole: int, data: bytes):
-        """Walk ``data`` from a unit state (``value_state`` None) or from inside the value that started
-        at unit state ``hole``: leaving a value where it completes and the unit goes on, entering one
-        where the unit reaches a hole. Returns (the unit's tokens to take: one-byte tokens and
-        sentinels, the end: ("unit", state) or ("value", hole, (q, stack))), or None if invalid."""
-        steps, pos = [], 0
-        while True:
-            if value_state is not None:
-                state, used = scan(value_state, data[pos:])
-                if state is None:
-                    return None
-                if state == DONE and pos + used < len(data):  # the value ends inside: the unit goes on
-                    unit_state = self.hole_after(hole)
-                    steps.append(self.sentinel)
-                    value_state, pos = None, pos + used
-                    continue
-                return steps, ("value", hole, state)
-            if pos == len(data):
-                return steps, ("unit", unit_state)
-            following = self._edges[unit_state].get(data[pos])  # HOLE_BYTE has no edge
-            if following is not None:
-                steps.append(self.byte_ids[data[pos]])
-                unit_state, pos = following, pos + 1
-            elif self.hole_after(unit_state) is not None:  # a value starts here
-                hole, value_state = unit_state, (VALUE, ())
-            else:
-                return None
+        """grammars/value_exits.py run() in this grammar's unit."""
+        return run(self, unit_state, value_state, hole, data)
 
     def leaving(self, value_state, hole: int) -> tuple[list[int], int]:
         """(the tokens that complete the value from ``value_state`` and go on validly in the unit,
@@ -231,20 +209,39 @@ class HoleTables:
 
     def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:
         """(row, sparse) inside the value that started at unit state ``hole``: its own tokens (EOS only
-        where the unit may end after it) and the tokens that leave it."""
-        return self.value_entry(value, hole)[:2]
+        where the unit may end after it) and the tokens that leave it; sparse None until value_entry
+        has been asked twice (not an ask itself)."""
+        row, sparse, _ = self._value(value, hole)
+        return row, (None if sparse is _LATER else sparse)
 
-    def value_entry(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None, int | None]:
+    def value_entry(self, value: JsonValueMatcher, hole: int, now: bool = False
+                    ) -> tuple[torch.Tensor, SparseMask | None, int | None]:
         """value_mask's (row, sparse) and the least budget at which HoleMatcher.narrows is false, and
-        at every larger one (None past EXIT_DEPTH, where the key does not hold the whole stack)."""
-        state = value.state
-        after = self.hole_after(hole)
-        if len(state[1]) <= EXIT_DEPTH:
-            key = ("value", state, hole)
-        else:  # no token leaves from this deep: the automaton's own mask, keyed as it keys it
-            key = ("deep", id(self.automaton.entry(value._q, value._frame)), self.grammar.is_final(after))
+        at every larger one (None past EXIT_DEPTH, where the key does not hold the whole stack). An
+        ask for the id list: the first of a state gets None (it keeps the packed apply, and never pays
+        the conversion, 20-50 us, if it is not visited again); later ones (or ``now``) get it."""
+        key = self._value_key(value, hole)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._value(value, hole)
+            if not now:
+                return got[0], None, got[2]
+        if got[1] is _LATER:
+            got = self._memo[key] = (got[0], sparse_mask(got[0], self.size), got[2])
+        return got
+
+    def _value_key(self, value: JsonValueMatcher, hole: int) -> tuple:
+        if len(value.state[1]) <= EXIT_DEPTH:
+            return ("value", value.state, hole)
+        # no token leaves from this deep: the automaton's own mask, keyed as it keys it
+        return ("deep", id(self.automaton.entry(value._q, value._frame)), self.grammar.is_final(self.hole_after(hole)))
+
+    def _value(self, value: JsonValueMatcher, hole: int) -> tuple:
+        """The memo's (row, its SparseMask or _LATER, the least budget that never narrows)."""
+        key = self._value_key(value, hole)
         if key in self._memo:
             return self._memo[key]
+        state, after = value.state, self.hole_after(hole)
         row = torch.zeros(self.width, dtype=torch.int32)  # [W]
         value.fill(row)
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
@@ -253,7 +250,7 @@ class HoleTables:
             rest = self.grammar.min_tokens(after)
             safe = max(rest + 1, rest + self.automaton.safe_budget(value._q, value._frame),
                        self.leaving(state, hole)[1] + 1)
-        self._memo[key] = (*self._row(row, self.leaving(state, hole)[0], clear=clear), safe)
+        self._memo[key] = (self._row(row, self.leaving(state, hole)[0], clear=clear, convert=False)[0], _LATER, safe)
         return self._memo[key]
 
     def held_bytes(self) -> int:
@@ -261,7 +258,7 @@ class HoleTables:
         total = self.narrowed.held_bytes()
         for entry in list(self._memo.values()):
             if isinstance(entry, tuple) and entry and isinstance(entry[0], torch.Tensor):
-                total += entry[0].numel() * 4 + (entry[1].array.nbytes if entry[1] is not None else 0)
+                total += entry[0].numel() * 4 + (entry[1].array.nbytes if isinstance(entry[1], SparseMask) else 0)
             elif isinstance(entry, tuple) and entry and isinstance(entry[0], list):
                 total += 8 * len(entry[0])
             elif isinstance(entry, tuple) and entry and isinstance(entry[0], np.ndarray):
@@ -272,25 +269,23 @@ class HoleTables:
                 total += entry.nbytes
         return total
 
-    def _row(self, base: torch.Tensor, add: list[int], clear, words: np.ndarray | None = None
-             ) -> tuple[torch.Tensor, SparseMask | None]:
-        """(base's row less the tokens ``clear``, plus the tokens ``add`` and the packed ``words``, its SparseMask)."""
+    def _row(self, base: torch.Tensor, add: list[int], clear, words: np.ndarray | None = None,
+             convert: bool = True) -> tuple[torch.Tensor, SparseMask | None]:
+        """(base's row less the tokens ``clear``, plus the tokens ``add`` and the packed ``words``, its
+        SparseMask where ``convert``)."""
         with torch.inference_mode(False):
             row = base.clone()  # [W]
             out = row.numpy().view(np.uint32)
-            clear_bits(out, clear)
+            words_off(out, clear)
             if add:
                 ids = np.asarray(add, dtype=np.int64)
                 np.bitwise_or.at(out, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
             if words is not None:
                 out |= words
-            return row, sparse_mask(row, self.size)
+            return row, sparse_mask(row, self.size) if convert else None
 
 
-def clear_bits(words: np.ndarray, ids) -> None:
-    """Clears the bits of token ``ids`` in uint32 ``words`` (bit j of word w = token 32*w + j)."""
-    for token in ids:
-        words[token >> 5] &= np.uint32(~(1 << (token & 31)) & 0xFFFFFFFF)
+_LATER = object()  # a value mask's SparseMask, made on its second ask
 
 
 def value_at(tables: HoleTables, q: int, stack: tuple[int, ...]) -> JsonValueMatcher:

@@ -133,10 +133,39 @@ class ValueExits:
                 self.exits(q, stack)
 
 
+def run(tables, unit_state: int, value_state, hole: int, data: bytes):
+    """Walk ``data`` in ``tables``' unit (a HoleTables) from a unit state (``value_state`` None) or from
+    inside the value that started at unit state ``hole``: leaving a value where it completes and the
+    unit goes on, entering one where the unit reaches a hole. Returns (the unit's tokens to take: one-byte tokens and
+    sentinels, the end: ("unit", state) or ("value", hole, (q, stack))), or None if invalid."""
+    steps, pos = [], 0
+    while True:
+        if value_state is not None:
+            state, used = scan(value_state, data[pos:])
+            if state is None:
+                return None
+            if state == DONE and pos + used < len(data):  # the value ends inside: the unit goes on
+                unit_state = tables.hole_after(hole)
+                steps.append(tables.sentinel)
+                value_state, pos = None, pos + used
+                continue
+            return steps, ("value", hole, state)
+        if pos == len(data):
+            return steps, ("unit", unit_state)
+        following = tables._edges[unit_state].get(data[pos])  # HOLE_BYTE has no edge
+        if following is not None:
+            steps.append(tables.byte_ids[data[pos]])
+            unit_state, pos = following, pos + 1
+        elif tables.hole_after(unit_state) is not None:  # a value starts here
+            hole, value_state = unit_state, (VALUE, ())
+        else:
+            return None
+
+
 def walk(tables, start: int, rests: Rests, whole: bool) -> list[tuple[int, tuple]]:
     """(token, the end HoleTables.run gives) of each of ``rests``' tokens whose bytes walk validly in
     ``tables``' unit from state ``start``, as run() walks them: byte edges first, a value where a
-    hole has no edge for the byte (run() walks the rest from there). ``whole``: a rest that ends in
+    hole has no edge for the byte (``run`` walks the rest from there). ``whole``: a rest that ends in
     the unit counts (leaving a value), else only one that reaches a value does (entering one).
     Sorted rests: one that shares the byte where the last walked one stopped stops there too."""
     out, edges = [], tables._edges

@@ -99,3 +99,24 @@ def test_exits_are_sorted_by_rest_with_their_shared_prefixes():
     assert len(exits.tokens) > 5 and list(exits.rests) == sorted(exits.rests) and all(exits.rests)
     for before, rest, shared in zip(exits.rests, exits.rests[1:], exits.shared[1:]):
         assert before[:shared] == rest[:shared] and (shared == min(len(before), len(rest)) or before[shared] != rest[shared])
+
+
+def test_a_value_mask_is_an_id_list_from_its_second_ask():
+    """A value state's first ask for its id list gets None (it keeps the packed row: a state visited once
+    never pays the conversion); later ones get its SparseMask, the row's tokens; value_mask is not an ask."""
+    from grammars.hole_tables import value_at
+    from grammars.json_value_lexer import S_BODY
+    from grammars.sparse_mask import sparse_mask
+
+    grammar = shared_compiler().compile_regex(schema_to_regex({"type": "object", "properties": {
+        "note": {"type": "object"}}, "required": ["note"], "additionalProperties": False}, free_values=True))
+    tables = grammar.hole_tables()
+    hole = min(tables._holes)
+    value = value_at(tables, S_BODY, (OBJECT,))  # in a string in the value: `"}}` leaves it
+    row, sparse, _ = tables.value_entry(value, hole)
+    assert sparse is None and tables.value_mask(value, hole)[0] is row and tables.value_mask(value, hole)[1] is None
+    second = tables.value_entry(value, hole)
+    expected = sparse_mask(row, smollm2_vocabulary().size)
+    assert second[1].allowed == expected.allowed and second[1].array.tolist() == expected.array.tolist()
+    assert tables.value_entry(value, hole)[1] is second[1] and tables.value_mask(value, hole)[1] is second[1]
+    assert tables.leaving(value.state, hole)[0]  # the mask holds leaving tokens too
