@@ -7,10 +7,11 @@ valid, decided against the automaton's stack (as xgrammar's context-dependent to
 - leaving: `}}`, `"},` or `1,"` end the value and go on in the unit (the rest is walked in the
   unit's index byte by byte, through the vocabulary's one-byte tokens; `run`);
 - entering: `":{"`, `:"` or `,[` walk the unit up to a hole and start a value.
-The masks at unit states near a hole and at value states near their end (at most four containers
-open) are memoised here, shared by every request of the grammar; deeper in a value the automaton's
-own masks apply. Only tokens that hold `,`, `}` or `]` can leave a value (that is what follows one
-in a unit), and only tokens that hold `:`, `,` or `[` can walk into one from elsewhere.
+The masks at unit states near a hole (made in ``prepare``, with the grammar) and at value states near
+their end (at most four containers open) are memoised here, shared by every request of the grammar;
+deeper in a value the automaton's own masks apply. Only tokens that hold `,`, `}` or `]` can leave a
+value (that is what follows one in a unit), and only tokens that hold `:`, `,` or `[` can walk into
+one from elsewhere; which do, is read from the vocabulary's lists in grammars/value_exits.py.
 """
 
 from __future__ import annotations
@@ -242,8 +243,7 @@ class HoleTables:
         if key in self._memo:
             return self._memo[key]
         state, after = value.state, self.hole_after(hole)
-        row = torch.zeros(self.width, dtype=torch.int32)  # [W]
-        value.fill(row)
+        row = self.automaton.entry(value._q, value._frame).row  # value.fill's, copied by _row
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
         safe = None
         if key[0] == "value":  # narrows(): room < 1, the value's own budget row, a leaving token's rest

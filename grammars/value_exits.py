@@ -136,8 +136,9 @@ class ValueExits:
 def run(tables, unit_state: int, value_state, hole: int, data: bytes):
     """Walk ``data`` in ``tables``' unit (a HoleTables) from a unit state (``value_state`` None) or from
     inside the value that started at unit state ``hole``: leaving a value where it completes and the
-    unit goes on, entering one where the unit reaches a hole. Returns (the unit's tokens to take: one-byte tokens and
-    sentinels, the end: ("unit", state) or ("value", hole, (q, stack))), or None if invalid."""
+    unit goes on, entering one where the unit reaches a hole. Returns (the unit's tokens to take:
+    one-byte tokens and sentinels, the end: ("unit", state) or ("value", hole, (q, stack))), or None
+    if invalid."""
     steps, pos = [], 0
     while True:
         if value_state is not None:
