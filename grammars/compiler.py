@@ -215,24 +215,15 @@ class GrammarCompiler:
     def json_automaton(self):
         """The vocabulary's JSON-value automaton (grammars/json_value.py): built, or read from the
         disk cache, on first call (the server calls it at startup), then shared."""
-        from grammars.json_value_cache import json_value_automaton
+        from grammars.json_value_cache import json_value_automaton, warm_json
 
         if self._json is None:
             started = time.perf_counter()
             self._json = json_value_automaton(self.vocabulary, cache_dir=self.cache_dir)
             self.stats["json_automaton_seconds"] = time.perf_counter() - started
-            self._after.later(self._warm_json)  # its masks and the holes' exits, while the engine idles
+            # its masks and the holes' exits, while the engine idles
+            self._after.later(warm_json, self._json, self.vocabulary, self._after.pause)
         return self._json
-
-    def _warm_json(self) -> None:
-        from grammars.value_exits import value_exits
-
-        self._json.warm(self._after.pause)
-        try:
-            exits = value_exits(self.vocabulary)
-        except GrammarError:  # no one-byte token for the holes' sentinel: schemas compile without holes
-            return
-        exits.warm(self._after.pause)
 
     def json_object_matcher(self):
         """A matcher of one JSON object of any depth (OpenAI ``response_format={"type": "json_object"}``):

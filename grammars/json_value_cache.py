@@ -37,6 +37,20 @@ def json_value_automaton(vocabulary: TokenVocabulary, cache_dir: str | None = No
     return got
 
 
+def warm_json(automaton: JsonValueAutomaton, vocabulary: TokenVocabulary, pause) -> None:
+    """The automaton's masks and the vocabulary's free-value exits made ahead (grammars/value_exits.py;
+    none where the vocabulary has no one-byte token for the holes' sentinel); ``pause()`` between two."""
+    from grammars.errors import GrammarError
+    from grammars.value_exits import value_exits
+
+    automaton.warm(pause)
+    try:
+        exits = value_exits(vocabulary)
+    except GrammarError:  # schemas compile without holes there
+        return
+    exits.warm(pause)
+
+
 def _disk_tables(vocabulary: TokenVocabulary, cache_dir: str | None) -> JsonValueTables:
     path = None
     if cache_dir and private_dir(cache_dir):

@@ -119,3 +119,18 @@ def test_a_value_mask_is_an_id_list_from_its_second_ask():
     assert second[1].allowed == expected.allowed and second[1].array.tolist() == expected.array.tolist()
     assert tables.value_entry(value, hole)[1] is second[1] and tables.value_mask(value, hole)[1] is second[1]
     assert tables.leaving(value.state, hole)[0]  # the mask holds leaving tokens too
+
+
+def test_warming_the_json_automaton_makes_every_exit_list(monkeypatch):
+    """GrammarCompiler.json_automaton's background warm-up makes the vocabulary's lists ahead, so a
+    grammar's first visit near a hole only walks them through its unit."""
+    from grammars import value_exits as module
+    from grammars.json_value_cache import warm_json
+
+    monkeypatch.setattr(module, "_EXITS", {})
+    vocabulary = smollm2_vocabulary()
+    warm_json(shared_compiler().json_automaton(), vocabulary, lambda: None)
+    memo = module.value_exits(vocabulary)._memo
+    stacks = sum(2 ** depth for depth in range(EXIT_DEPTH + 1))
+    assert sum(1 for key in memo if isinstance(key[0], int)) == NUM_STATES * stacks  # (q, stack) keys
+    assert ("longer", module.NEAR) in memo and ("enter", ord('"')) in memo and "starts" in memo
