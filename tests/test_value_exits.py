@@ -1,6 +1,6 @@
-"""ValueExits and HoleTables.walk_rests: a value's leaving tokens, from the vocabulary's exits by value
-state and a sorted walk of their rests, are exactly those the byte-by-byte walk of each candidate
-token finds (HoleTables.run), with the same fewest tokens left after each."""
+"""grammars/value_exits.py: a value's leaving tokens (the vocabulary's exits by value state, their rests
+walked sorted through the unit) and a unit state's entering tokens are exactly those the byte-by-byte
+walk of each candidate token finds (run()), with the same fewest tokens left after each."""
 
 import pytest
 
