@@ -80,11 +80,13 @@ def test_changing_one_tool_compiles_one_unit(client, server_url):
     extra = {"type": "object", "properties": {f"k{uuid.uuid4().hex[:8]}": {"type": "integer"}}}
     changed = TOOLS[:5] + [{"type": "function", "function": {"name": "fresh_tool", "parameters": extra}}] + TOOLS[6:]
     client.chat.completions.create(tools=changed, **kwargs)
-    assert misses(grammar_counters(server_url)) == misses(before) + 1
-    client.chat.completions.create(tools=list(reversed(changed)), **kwargs)
+    # the changed tool's unit compiles beside that request, which need not wait for it (its call may
+    # name another tool); a request naming it does wait, so the count is read after one
     named = {"type": "function", "function": {"name": "fresh_tool"}}
     reply = client.chat.completions.create(tools=changed, **{**kwargs, "tool_choice": named})
     assert reply.choices[0].message.tool_calls[0].function.name == "fresh_tool"
+    assert misses(grammar_counters(server_url)) == misses(before) + 1
+    client.chat.completions.create(tools=list(reversed(changed)), **kwargs)
     assert misses(grammar_counters(server_url)) == misses(before) + 1
 
 
