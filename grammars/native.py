@@ -1,5 +1,6 @@
-"""maskd's C routines (grammars/_index_table.c, _token_index.c, _set_bits.c, _mask_row.c): compiled with the system C
-compiler on first use, once per source version, into a folder of this user's alone, then loaded.
+"""maskd's C routines (grammars/_index_table.c, _token_index.c, _set_bits.c, _mask_row.c,
+_merge_ids.c): compiled with the system C compiler on first use, once per source version, into a
+folder of this user's alone, then loaded.
 
 Only a folder of this user's alone: never the shared temporary folder, where anyone could plant a
 library to be loaded into the server (private_dir.py). Without a C compiler `library()` is None and
@@ -22,7 +23,8 @@ from grammars.private_dir import owned_file, private_dir
 log = logging.getLogger("maskd.grammars")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(_HERE, name) for name in ("_index_table.c", "_token_index.c", "_set_bits.c", "_mask_row.c")]
+SOURCES = [os.path.join(_HERE, name)
+           for name in ("_index_table.c", "_token_index.c", "_set_bits.c", "_mask_row.c", "_merge_ids.c")]
 _HEADERS = [os.path.join(_HERE, "_varint.h")]
 _LIBRARY: list = []  # [] not tried yet; [None] unavailable; [CDLL]
 

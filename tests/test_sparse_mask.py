@@ -335,3 +335,53 @@ def test_set_bits_in_c_and_numpy_equal_the_bits(count, monkeypatch):
     assert module._set_bits(words).tolist() == expected
     monkeypatch.setattr(module, "_set_bits_routine", lambda: None)  # no C compiler: numpy
     assert module._set_bits(words).tolist() == expected
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("in_c", [True, False])
+def test_id_list_forms_made_without_a_row_equal_the_rows_conversion(seed, in_c, monkeypatch):
+    """allowed_sparse (ids in any order, repeated) and changed (a mask less some ids, plus others) give
+    what sparse_mask gives of the row, or None exactly where that is not the side they keep (or more
+    than ALLOWED_MAX ids are given to allowed_sparse, repeats counted); over
+    short and long sides, near each side's cap, on a 49k and a 600-token vocabulary; merged in C
+    (grammars/_merge_ids.c) and, as without a C compiler, in numpy."""
+    from grammars import native
+    from grammars.budget import ALLOWED_MAX, DISALLOWED_MAX
+    from grammars.sparse_mask import allowed_sparse, changed
+
+    if in_c and native.library() is None:
+        pytest.skip("no C compiler here")
+    if not in_c:
+        monkeypatch.setattr(native, "routine", lambda *args: None)
+
+    rng = np.random.default_rng(seed)
+    made = {True: 0, False: 0}
+    for size in (V, 600):
+        for count in (0, 3, 300, ALLOWED_MAX - 5, ALLOWED_MAX + 5, size - DISALLOWED_MAX - 5, size - 700, size - 3):
+            if not 0 <= count <= size:
+                continue
+            ids = rng.choice(size, count, replace=False)
+            base = sparse_mask(_row_of(ids, size), size)
+            given = np.concatenate((ids, ids[:count // 3]))
+            _same(allowed_sparse(given, size), base, only=True if len(given) <= ALLOWED_MAX else None)
+            on, off = rng.choice(size, 40, replace=False), rng.choice(size, 3, replace=False)
+            kept = np.union1d(np.setdiff1d(ids, off), on)
+            got = changed(base, on, off)
+            _same(got, sparse_mask(_row_of(kept, size), size), only=base.allowed if base is not None else None)
+            if got is not None:
+                made[got.allowed] += 1
+    assert made[True] and made[False]
+
+
+def _row_of(ids, size):
+    bits = np.zeros((size + 31) // 32 * 32, dtype=bool)
+    bits[ids] = True
+    return torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32).copy())
+
+
+def _same(got, expected, only):
+    """got equals expected where expected keeps the side ``only`` (None: no side), else got is None."""
+    if expected is None or only is None or expected.allowed != only:
+        assert got is None
+        return
+    assert got is not None and got.allowed == expected.allowed and np.array_equal(got.array, expected.array)
