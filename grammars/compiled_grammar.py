@@ -20,7 +20,7 @@ import torch
 from grammars.budget import ALLOWED, NONE, BudgetTable, build_budget_table
 from grammars.free_values import HOLE_REGEX
 from grammars.plain_tokens import plain_tokens
-from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
+from grammars.sparse_mask import SecondAsk, SparseMask, allowed_sparse, changed, sparse_mask
 from grammars.unit_index import IndexCursor, TokenIndex
 from grammars.vocabulary import TokenVocabulary
 
@@ -132,11 +132,27 @@ class CompiledGrammar:
         return mask
 
     def budget_sparse(self, guide: IndexCursor, limit: int) -> SparseMask | None:
-        """budget_mask(guide, limit) as a SparseMask, from its second ask on (grammars/sparse_mask.py
-        SecondAsk): None on the first and where both sides are long. Only where the limit narrows the
+        """budget_mask(guide, limit) as a SparseMask: on the first ask where made from id lists
+        (``_budget_ids``), else from the second ask on (grammars/sparse_mask.py SecondAsk); None on
+        that first ask and where both sides are long. Only where the limit narrows the
         mask (budget_mask is not None)."""
         key = (guide.get_state(), limit)
-        return self._budget_sparse.get(key, lambda: self.budget_mask(guide, limit))
+        return self._budget_sparse.get(key, lambda: self.budget_mask(guide, limit),
+                                       lambda: self._budget_ids(guide, limit))
+
+    def _budget_ids(self, guide: IndexCursor, limit: int) -> SparseMask | None:
+        """budget_mask's SparseMask made from id lists (no row) where one side is short: the budget
+        table's kept ids (EOS where final), or the state's id list less the ruled-out ids."""
+        state = guide.get_state()
+        rule = self.budget.restriction(state, limit)
+        if rule is None:
+            return None
+        kind, ids = rule
+        if kind == "drop":
+            return changed(self.state_sparse_mask(guide), [], ids)
+        eos = list(self.vocabulary.eos_token_ids) if self.index.is_final_state(state) else []
+        return allowed_sparse(np.concatenate((ids.astype(np.int64), np.asarray(eos, dtype=np.int64))),
+                              self.vocabulary.size)
 
     def state_mask(self, guide: IndexCursor) -> torch.Tensor:
         """int32 [width] bitmask of the tokens allowed in ``guide``'s state (memoised)."""

@@ -19,7 +19,7 @@ from grammars.errors import GrammarError
 from grammars.hole_tables import value_at
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.matcher import Matcher
-from grammars.sparse_mask import SparseMask
+from grammars.sparse_mask import SparseMask, allowed_sparse, changed
 
 
 class HoleMatcher:
@@ -59,7 +59,7 @@ class HoleMatcher:
         tables, grammar = self.tables, self.grammar
         if self.value is not None:
             room = budget - grammar.min_tokens(tables.hole_after(self.hole))
-            return (room < 1 or tables.automaton.budget_row(self.value._q, self.value._frame, room) is not None
+            return (room < tables.automaton.safe_budget(self.value._q, self.value._frame) or room < 1
                     or tables.leaving(self.value.state, self.hole)[1] > budget - 1)
         if self.unit._terminated:
             return False
@@ -71,7 +71,7 @@ class HoleMatcher:
         if tables.is_hole(state):
             room = budget - grammar.min_tokens(tables.hole_after(state))
             start = tables.automaton.initial("value")
-            if room < 1 or tables.automaton.budget_row(*start, room) is not None:
+            if room < 1 or room < tables.automaton.safe_budget(*start):
                 return True
         return tables.entering(state)[1] > budget - 1
 
@@ -101,9 +101,52 @@ class HoleMatcher:
     def _narrowed(self, budget: int) -> SparseMask | None:
         """The mask _fill_budget makes here, memoised per (state, budget) as a SparseMask from its
         second ask on (HoleTables.narrowed, a SecondAsk); None on the first."""
-        sparse = self.tables.narrowed.get((self.state, budget), lambda: self._budget_row(budget))
+        sparse = self.tables.narrowed.get((self.state, budget), lambda: self._budget_row(budget),
+                                          lambda: self._budget_ids(budget))
         self.budget_forced |= sparse is not None
         return sparse
+
+    def _budget_ids(self, budget: int) -> SparseMask | None:
+        """Inside a value, _fill_budget's mask made from id lists (the value's narrowed or whole mask,
+        less EOS, and the leaving tokens that fit) where one side is short; else None."""
+        if self.value is None:
+            return self._unit_budget_ids(budget)
+        tables, value = self.tables, self.value
+        after = tables.hole_after(self.hole)
+        room = budget - self.grammar.min_tokens(after)
+        tokens, least = tables.leaving_costs(value.state, self.hole)
+        fit = tokens[least <= budget - 1]
+        if room < 1:
+            return allowed_sparse(fit, tables.size) if len(fit) else None
+        automaton = tables.automaton
+        own = (automaton.budget_sparse(value._q, value._frame, room)
+               if room < automaton.safe_budget(value._q, value._frame) else automaton.entry(value._q, value._frame).sparse)
+        got = changed(own, fit, [] if self.grammar.is_final(after) else list(automaton.eos_token_ids))
+        return None if got is not None and got.allowed and not len(got.array) else got
+
+    def _unit_budget_ids(self, budget: int) -> SparseMask | None:
+        """In the unit, _fill_budget's mask made from id lists (the unit's narrowed or whole mask less
+        the sentinel, the entering tokens that fit and, at a hole, the value's first tokens that fit,
+        EOS not among them) where one side is short; else None."""
+        tables, automaton = self.tables, self.tables.automaton
+        if self.unit._terminated:
+            return None
+        state = self.unit.state
+        fit = []
+        if tables.near_hole(state):
+            tokens, least = tables.entering_costs(state)
+            fit = tokens[least <= budget - 1]
+        got = changed(self.unit.sparse_mask(budget), fit, tables.sentinel_ids)
+        if got is None or not tables.is_hole(state):
+            return got
+        room = budget - self.grammar.min_tokens(tables.hole_after(state))
+        if room < 1 and (not got.allowed or len(got.array)):  # no value fits, and the unit's tokens are there
+            return got
+        q, frame = automaton.initial("value")
+        start = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
+                 else automaton.entry(q, frame).sparse)
+        start = changed(start, [], list(automaton.eos_token_ids))
+        return changed(got, start.array, []) if start is not None and start.allowed else None
 
     def _budget_row(self, budget: int) -> torch.Tensor:
         row = torch.zeros(self.tables.width, dtype=torch.int32)  # [W]

@@ -26,11 +26,15 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from grammars.budget import NEVER_NARROWED
+from grammars.bitmask import words_on
+from grammars.budget import ALLOWED_MAX, DISALLOWED_MAX, NEVER_NARROWED
 from grammars.json_value_distance import INF, JsonValueDistance
 from grammars.json_value_lexer import ARRAY, COMPLETE, MAX_DEPTH, NUM_STATES, OBJECT, TOP_OBJECT, VALUE, scan
 from grammars.json_value_tables import JsonValueTables
-from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
+from grammars.sparse_mask import SecondAsk, SparseMask, allowed_sparse, changed, sparse_mask
+
+
+_NONE = object()
 
 
 class Frame:
@@ -43,11 +47,8 @@ class Frame:
         self.top = top  # container types, innermost first (at most the automaton's max_read)
         self.pids = pids  # distance profiles of this depth and those below (at most max_pops + 1)
         self.base = base  # fewest tokens to close every container from right after a value
-        self.kinds = () if parent is None else parent.kinds + (kind,)  # made once: masks key on it per token
-
-    def stack(self) -> tuple[int, ...]:
-        """Container types, outermost first."""
-        return self.kinds
+        # container types, outermost first: made once, as masks key on it per token
+        self.kinds = () if parent is None else parent.kinds + (kind,)
 
 
 class Entry(NamedTuple):
@@ -69,15 +70,16 @@ class JsonValueAutomaton:
         self.width = (self.size + 31) // 32
         self.fingerprint = fingerprint
         self.eos_token_ids = frozenset(int(e) for e in eos_token_ids)
+        self._eos_ids = np.array(sorted(e for e in self.eos_token_ids if 0 <= e < self.size), dtype=np.int64)
         self._eos_words = np.zeros(self.width, dtype=np.uint32)
-        for e in self.eos_token_ids:
-            if 0 <= e < self.size:
-                self._eos_words[e >> 5] |= np.uint32(1 << (e & 31))
+        words_on(self._eos_words, self._eos_ids.tolist())
         self.distance = JsonValueDistance(tables)
         self._alts = [tables.alternative(a) for a in range(len(tables.alt_q))]
         self._results = [tuple(tables.alt_of[tables.res_off[r]:tables.res_off[r + 1]].tolist())
                          for r in range(len(tables.res_off) - 1)]
-        self._lookup, self._chunks = [], []  # per q: token -> result id; ((alt, tokens), ...)
+        several = np.array([len(alts) > 1 for alts in self._results], dtype=bool)
+        # per q: token -> result id; ((alt, tokens), ...); {token with several alternatives: their ids}
+        self._lookup, self._chunks, self._multi = [], [], []
         for q in range(NUM_STATES):
             toks, res = tables.tok[tables.off[q]:tables.off[q + 1]], tables.res[tables.off[q]:tables.off[q + 1]]
             if len(toks) > self.size // 16:
@@ -91,6 +93,8 @@ class JsonValueAutomaton:
                 for alt in self._results[r]:
                     by_alt.setdefault(alt, []).append(toks[res == r])
             self._chunks.append(tuple((alt, np.concatenate(parts)) for alt, parts in by_alt.items()))
+            multi = several[res]  # a few dozen tokens in all
+            self._multi.append({t: self._results[r] for t, r in zip(toks[multi].tolist(), res[multi].tolist())})
         alts_of = [[self._alts[a] for a, _ in self._chunks[q]] for q in range(NUM_STATES)]
         self.reads = [max((len(a[0]) for a in alts), default=0) for alts in alts_of]  # innermost types read
         self.pops = [max((a[1] for a in alts), default=0) for alts in alts_of]
@@ -102,6 +106,7 @@ class JsonValueAutomaton:
         self._costs: dict[tuple, tuple[int, tuple[int, ...], int]] = {}  # -> (cur - base, deltas per chunk, far)
         self._budget_rows: dict[tuple, torch.Tensor] = {}
         self._budget_sparse = SecondAsk(self.size)  # budget_rows' keys -> their SparseMasks
+        self._kept: dict[tuple, SparseMask | None] = {}  # (entry id, chunks kept) -> _budget_ids' mask
         with torch.inference_mode(False):
             self.nothing_allowed = SparseMask(True, torch.empty(0, dtype=torch.int64), self.size)
 
@@ -158,8 +163,9 @@ class JsonValueAutomaton:
         return got
 
     def warm(self, pause=lambda: None) -> None:
-        """Every entry of a stack at most max_read deep made ahead (each is what its first use would
-        make; deeper stacks share their keys): 177 rows (0.3 s) on SmolLM2, once per vocabulary.
+        """Every entry of a stack at most max_read deep made ahead, with its budget costs (each is what
+        its first use would make; deeper stacks share their keys): 177 rows (0.3 s) on SmolLM2, once
+        per vocabulary.
         GrammarCompiler runs it in the background once the automaton is loaded; ``pause()`` runs
         between entries."""
         level, stacks = [()], [()]
@@ -171,6 +177,7 @@ class JsonValueAutomaton:
             for q in range(NUM_STATES):
                 pause()
                 self.entry(q, frame)
+                self._costs_of(q, frame)
 
     def _make_entry(self, q: int, frame: Frame, room: int) -> Entry:
         final = self.is_final(q, frame)
@@ -240,10 +247,12 @@ class JsonValueAutomaton:
         return None if key is None else self._budget_row(key, q, frame)
 
     def budget_sparse(self, q: int, frame: Frame, budget: int) -> SparseMask | None:
-        """budget_row's SparseMask from its second ask on (grammars/sparse_mask.py SecondAsk), else
-        None. Only where budget_row is not None."""
+        """budget_row's SparseMask: on the first ask where few tokens are allowed (from the allowed
+        chunks' ids), else from the second ask on (grammars/sparse_mask.py SecondAsk); otherwise None.
+        Only where budget_row is not None."""
         key = self._budget_key(q, frame, budget)
-        return self._budget_sparse.get(key, lambda: self._budget_row(key, q, frame))
+        return self._budget_sparse.get(key, lambda: self._budget_row(key, q, frame),
+                                       lambda: self._budget_ids(key, q, frame))
 
     def _budget_key(self, q: int, frame: Frame, budget: int) -> tuple | None:
         rel, _, far = self._costs_of(q, frame)
@@ -252,6 +261,31 @@ class JsonValueAutomaton:
         if slack >= far:
             return None
         return (q, frame.pids[:self.pops[q] + 1], min(MAX_DEPTH - frame.depth, self.rise[q]), slack)
+
+    def _budget_ids(self, key: tuple, q: int, frame: Frame) -> SparseMask | None:
+        """budget_row's SparseMask made from id lists, no row: the allowed chunks' ids where they are
+        few; else the entry's banned ids and the ruled-out chunks' where those are (a token in two
+        chunks, one kept, stays allowed); else None."""
+        entry, slack = self.entry(q, frame), key[-1]
+        keep = tuple(delta <= slack for delta in self._costs_of(q, frame)[1])
+        chosen = (id(entry), keep)  # many keys keep the same chunks of one entry
+        got = self._kept.get(chosen, _NONE)
+        if got is _NONE:
+            got = self._kept.setdefault(chosen, self._kept_ids(q, entry, keep))
+        return got
+
+    def _kept_ids(self, q: int, entry: Entry, keep: tuple[bool, ...]) -> SparseMask | None:
+        """_budget_ids' mask of ``entry`` (at lexical state ``q``) with the chunks ``keep`` marks."""
+        kept = [tokens for (_, tokens), k in zip(entry.chunks, keep) if k] + [self._eos_ids if entry.final else []]
+        if sum(len(tokens) for tokens in kept) <= ALLOWED_MAX:
+            return allowed_sparse(np.concatenate(kept), self.size)
+        dropped = [tokens for (_, tokens), k in zip(entry.chunks, keep) if not k]
+        if entry.sparse is None or entry.sparse.allowed or sum(len(t) for t in dropped) > DISALLOWED_MAX:
+            return None
+        banned = np.concatenate(dropped) if dropped else self._eos_ids[:0]
+        alts = {alt for (alt, _), k in zip(entry.chunks, keep) if k}
+        both = [token for token, its in self._multi[q].items() if not alts.isdisjoint(its)]
+        return changed(entry.sparse, [], banned[~np.isin(banned, both)] if both else banned)
 
     def _budget_row(self, key: tuple, q: int, frame: Frame) -> torch.Tensor:
         got = self._budget_rows.get(key)

@@ -43,7 +43,7 @@ class JsonValueMatcher:
     @property
     def state(self) -> tuple[int, tuple[int, ...]]:
         """(lexical state, open containers outermost first): the value JsonValueAutomaton.scan takes."""
-        return self._q, self._frame.stack()
+        return self._q, self._frame.kinds
 
     def fill(self, bitmask_row: torch.Tensor, budget: int | None = None) -> None:
         """Write allowed tokens into ``bitmask_row`` (int32 [ceil(size/32)]; bit i = token i).

@@ -70,8 +70,9 @@ class Matcher:
         return self.grammar.state_mask(self._guide)
 
     def narrows(self, budget: int | None) -> bool:
-        """Whether ``budget`` narrows the mask here (then fill, not row/sparse_mask)."""
-        return self._budget_mask(budget) is not None
+        """Whether ``budget`` narrows the mask here (then fill, not row/sparse_mask): as
+        ``_budget_mask(budget) is not None``, without making the narrowed row."""
+        return budget is not None and budget < self.grammar.budget.safe_budget(self._guide.get_state())
 
     def single(self) -> int:
         """The only allowed token if exactly one (EOS counts), else NO_TOKEN."""

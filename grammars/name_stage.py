@@ -22,12 +22,14 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from grammars.bitmask import set_token_bits
 from grammars.errors import GrammarError
 from grammars.free_values import HOLE
 from grammars.regex_text import unit_texts
+from grammars.sparse_mask import allowed_sparse
 from grammars.token_index import UNSPLIT, TokenTrie
 from grammars.unit_union import UnitUnion
 
@@ -183,7 +185,10 @@ class NameFirstMatcher:
         set_token_bits(row, self._allowed(budget))
 
     def sparse_mask(self, budget: int | None = None):
-        return self._union.sparse_mask(budget) if self._hand_over() else None
+        """The union's SparseMask once handed over; before, the literals' few next tokens as one."""
+        if self._hand_over():
+            return self._union.sparse_mask(budget)
+        return allowed_sparse(np.fromiter(self._allowed(budget), dtype=np.int64), self.stage.vocabulary.size)
 
     def _allowed(self, budget: int | None) -> set[int]:
         left = None if budget is None else budget - 1

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from grammars.errors import GrammarError
+from grammars.sparse_mask import allowed_sparse
 from grammars.trigger_mask import TriggerMasks
 from grammars.unit_union import UnitUnion
 
@@ -146,23 +148,27 @@ class ToolCallConstraint:
                 self._mask_bare_start(row, left)
             return
         row.zero_()
-        allowed = list(self.eos) if self._phase == DONE else []
-        if self._phase == FORCED:
-            allowed = [self._pending[0]]
-        elif self._phase == AFTER:
-            allowed = [self.tokens.end[0]] if self.tokens.end else list(self.eos)
-            if left is None or left >= len(self.tokens.separator) - 1 + self._next_min:
-                allowed.append(self.tokens.separator[0])
-            else:
-                self._budget_forced = True  # no room for another call: the turn ends here
-        for token in allowed:
+        for token in self._few(left):
             row[token >> 5] |= _bit(token & 31)
 
+    def _few(self, left: int | None) -> list[int]:
+        """The tokens allowed in FORCED, AFTER and DONE (``left``: tokens after this one)."""
+        if self._phase == FORCED:
+            return [self._pending[0]]
+        if self._phase == DONE:
+            return list(self.eos)
+        allowed = [self.tokens.end[0]] if self.tokens.end else list(self.eos)
+        if left is None or left >= len(self.tokens.separator) - 1 + self._next_min:
+            allowed.append(self.tokens.separator[0])
+        else:
+            self._budget_forced = True  # no room for another call: the turn ends here
+        return allowed
+
     def sparse_mask(self, budget: int | None = None):
-        """The tokens ``fill(row, budget)`` would allow as a memoised SparseMask, with no fill needed;
-        or None (then fill and use the row): where the budget narrows a call's mask and that narrowed
-        mask is asked for the first time (SecondAsk), and in TEXT where it rules out a call, at a
-        bare-object start (``fill`` checks `{` tokens there) and in FORCED / AFTER / DONE."""
+        """The tokens ``fill(row, budget)`` would allow as a SparseMask, with no fill needed; or None
+        (then fill and use the row): where the budget narrows a call's mask and that narrowed mask is
+        asked for the first time (SecondAsk), and in TEXT where it rules out a call or at a
+        bare-object start (``fill`` checks `{` tokens there)."""
         if self._phase == CALL:
             sparse = self._matcher.sparse_mask(None if budget is None else budget - self._tail())
             self._budget_forced |= self._matcher.budget_forced
@@ -171,7 +177,9 @@ class ToolCallConstraint:
             no_room = budget is not None and budget - 1 < self._call_min
             if not no_room and not (self._at_start and self._bare_start):
                 return self.trigger.sparse[self._kmp]
-        return None
+            return None
+        few = self._few(None if budget is None else budget - 1)
+        return allowed_sparse(np.array(few, dtype=np.int64), self.vocabulary.size)
 
     def _mask_bare_start(self, row: torch.Tensor, left: int | None) -> None:
         """At the reply's start, a token opening with `{` must be the start of a valid call (that

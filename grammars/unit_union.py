@@ -20,11 +20,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
 from grammars.errors import GrammarError
-from grammars.sparse_mask import SparseMask, sparse_mask
+from grammars.sparse_mask import SparseMask, allowed_sparse, sparse_mask
 
 _UNION_CACHE: OrderedDict[tuple, tuple[torch.Tensor, SparseMask | None] | object] = OrderedDict()
 _UNION_CACHE_SIZE = 1024  # rows (6 KB each on a 49k vocabulary, 32 KB on 262k)
@@ -123,13 +124,24 @@ class UnionMatcher:
 
     def _narrowed(self, live: tuple[int, ...], budget: int) -> SparseMask | None:
         """fill(row, budget)'s union of the live units' narrowed masks as a SparseMask, memoised as
-        the union is, from its second ask on (as grammars/sparse_mask.py SecondAsk); None on the first."""
+        the union is: on the first ask where every unit's is a short allowed list (merged, no row),
+        else from the second ask on (as grammars/sparse_mask.py SecondAsk); None on that first ask."""
         key = ("budget", budget) + tuple((self.union.units[i].key, self._matchers[i].state) for i in live)
         with _LOCK:
-            if key not in _UNION_CACHE:
+            first = key not in _UNION_CACHE
+            if first:
                 _UNION_CACHE[key] = _ASKED
                 self._trim()
+        if first:  # from the units' id lists where all are short allowed lists (no row), else None
+            parts = [self._matchers[i].sparse_mask(budget) for i in live]
+            if not all(part is not None and part.allowed for part in parts):
                 return None
+            got = allowed_sparse(np.concatenate([part.array for part in parts]), self.vocabulary.size)
+            if got is not None:
+                with _LOCK:
+                    _UNION_CACHE[key] = (None, got)
+                self._budget_forced = True
+            return got
         self._budget_forced = True
         return self._cached(key, live, budget)[1]
 

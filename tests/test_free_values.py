@@ -158,7 +158,9 @@ def test_masks_inside_a_value_nested_deeper_than_a_token_can_leave_are_memoised(
 def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
     """sparse_mask(budget) reads one memoised threshold per state where it asked narrows() (several
     lookups) before: inside a value (HoleTables.value_entry) and in a unit (BudgetTable.safe_budget).
-    At every step of a text through values and units, for every budget, the two agree."""
+    At every step of a text through values and units, for every budget, the two agree; and the
+    thresholds narrows() reads agree with whether the narrowed row exists (the automaton's
+    budget_row, the unit's _budget_mask), which narrows() no longer makes."""
     text = ('{"query":"weather","metadata":{"user":{"id":7,"tags":["a","b"],"deep":[[[[[[1]]]]]]},"x":null},'
             '"tags":[1,"two",{"three":3.5e+2},[],true],"options":{"k":"v"},"limit":-3}')
     matcher, checked = grammar.matcher(), set()
@@ -168,9 +170,14 @@ def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
             if safe is not None:
                 checked.add("value")
                 assert [b < safe for b in range(-2, 90)] == [matcher.narrows(b) for b in range(-2, 90)]
+            value, automaton = matcher.value, matcher.tables.automaton
+            own = automaton.safe_budget(value._q, value._frame)
+            assert [b < own for b in range(-2, 90)] == [
+                automaton.budget_row(value._q, value._frame, b) is not None for b in range(-2, 90)]
         elif not matcher.unit._terminated:
             checked.add("unit")
             safe = grammar.budget.safe_budget(matcher.unit.state)
             assert [b < safe for b in range(-2, 90)] == [matcher.unit.narrows(b) for b in range(-2, 90)]
+            assert [b < safe for b in range(-2, 90)] == [matcher.unit._budget_mask(b) is not None for b in range(-2, 90)]
         matcher.advance(token)
     assert checked == {"value", "unit"}

@@ -75,7 +75,7 @@ def test_mask_equals_brute_force_reference(automaton, vocab, prefix):
 def _fewest_tokens(automaton, q, frame, vocab, extra_depth: int = 2, limit: int = 10) -> int:
     """Breadth-first search over (q, stack) for the fewest tokens to a complete value, through every
     allowed token (containers may be opened up to ``extra_depth`` deeper than the start)."""
-    frontier, seen = [(q, frame)], {(q, frame.stack())}
+    frontier, seen = [(q, frame)], {(q, frame.kinds)}
     for distance in range(limit):
         following = []
         for q, frame in frontier:
@@ -83,7 +83,7 @@ def _fewest_tokens(automaton, q, frame, vocab, extra_depth: int = 2, limit: int 
                 return distance
             for token in _allowed(automaton.entry(q, frame).row, vocab.size) - vocab.eos_token_ids:
                 q2, frame2 = automaton.step(q, frame, token)
-                key = (q2, frame2.stack())
+                key = (q2, frame2.kinds)
                 if key not in seen and len(key[1]) <= frame.depth + extra_depth:
                     seen.add(key)
                     following.append((q2, frame2))

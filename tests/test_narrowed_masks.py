@@ -1,6 +1,6 @@
-"""Budget-narrowed masks as SparseMasks (grammars/sparse_mask.py SecondAsk): from its second ask on,
-sparse_mask(budget) gives what fill(row, budget) allows, for every kind of constraint, at every
-step and budget of a walk, without a fill."""
+"""Budget-narrowed masks as SparseMasks (grammars/sparse_mask.py SecondAsk): from its second ask on
+(from the first where it is made from id lists), sparse_mask(budget) gives what fill(row, budget)
+allows, for every kind of constraint, at every step and budget of a walk, without a fill."""
 
 import numpy as np
 import pytest
@@ -59,20 +59,24 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
     name, constraint, tokens = list(_constraints())[case]
     size = smollm2_vocabulary().size
     row = torch.zeros((size + 31) // 32, dtype=torch.int32)
-    narrowed = 0
+    narrowed = first_asks = 0
     for token in tokens:
         whole = constraint.sparse_mask()
         for budget in range(1, 40):
-            constraint.sparse_mask(budget)  # the first ask
+            first = constraint.sparse_mask(budget)  # the first ask: an id list only where made without a row
             got = constraint.sparse_mask(budget)
-            if got is None:
-                continue
-            constraint.fill(row, budget)
-            expected = sparse_mask(row, size)
-            assert expected is not None and got.allowed == expected.allowed, (name, budget)
-            assert np.array_equal(got.array, expected.array), (name, budget)
-            narrowed += got is not whole
+            for mask in (first, got):
+                if mask is None:
+                    continue
+                constraint.fill(row, budget)
+                expected = sparse_mask(row, size)
+                assert expected is not None and mask.allowed == expected.allowed, (name, budget)
+                assert np.array_equal(mask.array, expected.array), (name, budget)
+            narrowed += got is not None and got is not whole
+            first_asks += first is not None and first is not whole
         constraint.advance(token)
     assert narrowed >= 20, name  # budgets narrowed masks on many steps, and those came as SparseMasks
+    if name != "unit":  # made from id lists on the first ask (a plain unit's keep the second-ask path)
+        assert first_asks >= 20, name
     if name == "union":
         assert any(key[0] == "budget" for key in _UNION_CACHE)  # narrowed while two units were live
