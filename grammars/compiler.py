@@ -142,7 +142,7 @@ class GrammarCompiler:
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
-                self._after.later(grammar.hole_tables().warm, self._after.pause)
+                grammar.hole_tables()
             self._memory_put(key, grammar)
             return grammar
         finally:

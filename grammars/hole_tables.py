@@ -16,8 +16,6 @@ one from elsewhere; which do, is read from the vocabulary's lists in grammars/va
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
@@ -27,7 +25,7 @@ from grammars.hole_bytes import bytes_view
 from grammars.json_value_lexer import (AFTER, ARRAY, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT, N_ZERO,
                                        OBJECT, S_BODY, VALUE)
 from grammars.json_value_matcher import JsonValueMatcher
-from grammars.sparse_mask import SecondAsk, SparseMask, sparse_mask
+from grammars.sparse_mask import SecondAsk, SparseMask, changed, sparse_mask
 from grammars.value_exits import EXIT_DEPTH, NEAR, run, value_exits, walk
 
 HOLE_BYTE = HOLE.encode()[0]
@@ -67,8 +65,8 @@ class HoleTables:
         """Once per grammar, before its first matcher (GrammarCompiler does it in the compile thread,
         beside the request's prefill): the one-byte edges of every unit state, where values start,
         which states lie within NEAR bytes of a hole, and their masks (3-6 ms for 20-90 states on
-        SmolLM2; at a first visit each cost 50-400 us on the request path). The masks inside values
-        come from ``warm`` or on first use."""
+        SmolLM2; at a first visit each cost 50-400 us on the request path), and the value masks where
+        values most often end (``_value_masks``); the other value masks are made on first use."""
         states = range(self.index.n_states)
         labels = {t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE}
         labels[self.sentinel] = 256  # one pass over the transitions for both (no byte is 256)
@@ -88,17 +86,15 @@ class HoleTables:
         self._edges, self._near = edges, near
         for state in sorted(near):
             self.unit_mask(state)
+        self._value_masks()
 
-    def warm(self, pause=lambda: time.sleep(0)) -> None:
-        """The masks first visits would make, made ahead (GrammarCompiler runs it after the compile,
-        in the background, so neither the compile nor a request's first tokens wait for them): where
-        values most often end. Each is what its first use would make. ``pause()`` runs between masks
-        (~0.1-0.3 ms each): by default it lets other threads take the GIL at once; the compiler's
-        waits while the engine computes, so decoding never shares the GIL with it."""
-        for hole in sorted(self._holes):  # where values most often end
+    def _value_masks(self) -> None:
+        """The value masks where values most often end (the lexical states of _ENDINGS, at most one
+        container open), made with the grammar in ``prepare``: 1-3 ms per hole on SmolLM2. Each is
+        what its first visit would make."""
+        for hole in sorted(self._holes):
             for q in _ENDINGS:
                 for stack in ((), (OBJECT,), (ARRAY,)):
-                    pause()
                     self.value_entry(value_at(self, q, stack), hole, now=True)
 
     def near_hole(self, state: int) -> bool:
@@ -211,21 +207,23 @@ class HoleTables:
     def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:
         """(row, sparse) inside the value that started at unit state ``hole``: its own tokens (EOS only
         where the unit may end after it) and the tokens that leave it; sparse None until value_entry
-        has been asked twice (not an ask itself)."""
-        row, sparse, _ = self._value(value, hole)
+        has made it (not an ask itself)."""
+        row, sparse, _ = self._value(value, hole, row=True)
         return row, (None if sparse is _LATER else sparse)
 
     def value_entry(self, value: JsonValueMatcher, hole: int, now: bool = False
-                    ) -> tuple[torch.Tensor, SparseMask | None, int | None]:
-        """value_mask's (row, sparse) and the least budget at which HoleMatcher.narrows is false, and
-        at every larger one (None past EXIT_DEPTH, where the key does not hold the whole stack). An
-        ask for the id list: the first of a state gets None (it keeps the packed apply, and never pays
-        the conversion, 20-50 us, if it is not visited again); later ones (or ``now``) get it."""
+                    ) -> tuple[torch.Tensor | None, SparseMask | None, int | None]:
+        """value_mask's (row or None, sparse) and the least budget at which HoleMatcher.narrows is
+        false, and at every larger one (None past EXIT_DEPTH, where the key does not hold the whole
+        stack). An ask for the id list: where the automaton's mask here has one, it is the value
+        mask's, changed by the few EOS and leaving tokens (no row is made); else the first ask gets
+        None (it keeps the packed apply, and never pays the conversion, 20-50 us, if it is not
+        visited again) and later ones (or ``now``) the row's conversion."""
         key = self._value_key(value, hole)
         got = self._memo.get(key)
         if got is None:
-            got = self._value(value, hole)
-            if not now:
+            got = self._value(value, hole, row=False)
+            if got[1] is _LATER and not now:
                 return got[0], None, got[2]
         if got[1] is _LATER:
             got = self._memo[key] = (got[0], sparse_mask(got[0], self.size), got[2])
@@ -237,36 +235,46 @@ class HoleTables:
         # no token leaves from this deep: the automaton's own mask, keyed as it keys it
         return ("deep", id(self.automaton.entry(value._q, value._frame)), self.grammar.is_final(self.hole_after(hole)))
 
-    def _value(self, value: JsonValueMatcher, hole: int) -> tuple:
-        """The memo's (row, its SparseMask or _LATER, the least budget that never narrows)."""
+    def _value(self, value: JsonValueMatcher, hole: int, row: bool) -> tuple:
+        """The memo's (row or None, its SparseMask or _LATER, the least budget that never narrows);
+        the row is made where ``row`` asks for it or no SparseMask could be made without it."""
         key = self._value_key(value, hole)
-        if key in self._memo:
-            return self._memo[key]
+        got = self._memo.get(key)
+        if got is not None and (got[0] is not None or not row):
+            return got
         state, after = value.state, self.hole_after(hole)
-        row = self.automaton.entry(value._q, value._frame).row  # value.fill's, copied by _row
+        entry = self.automaton.entry(value._q, value._frame)
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
-        safe = None
-        if key[0] == "value":  # narrows(): room < 1, the value's own budget row, a leaving token's rest
-            rest = self.grammar.min_tokens(after)
-            safe = max(rest + 1, rest + self.automaton.safe_budget(value._q, value._frame),
-                       self.leaving(state, hole)[1] + 1)
-        self._memo[key] = (self._row(row, self.leaving(state, hole)[0], clear=clear, convert=False)[0], _LATER, safe)
-        return self._memo[key]
+        leave = self.leaving(state, hole)[0]
+        if got is None:
+            safe = None
+            if key[0] == "value":  # narrows(): room < 1, the value's own budget row, a leaving token's rest
+                rest = self.grammar.min_tokens(after)
+                safe = max(rest + 1, rest + self.automaton.safe_budget(value._q, value._frame),
+                           self.leaving(state, hole)[1] + 1)
+            own = ("own", id(entry), bool(clear))  # the automaton's ids less EOS, shared by value states
+            if own not in self._memo:
+                self._memo[own] = changed(entry.sparse, [], clear)
+            sparse = changed(self._memo[own], leave, [])
+            got = (None, _LATER if sparse is None else sparse, safe)
+        if row or got[1] is _LATER:  # value.fill's row, copied by _row
+            got = (self._row(entry.row, leave, clear=clear, convert=False)[0], got[1], got[2])
+        self._memo[key] = got
+        return got
 
     def held_bytes(self) -> int:
         """Bytes of the memoised rows and token lists (counted in the grammar's memory bound)."""
         total = self.narrowed.held_bytes()
         for entry in list(self._memo.values()):
-            if isinstance(entry, tuple) and entry and isinstance(entry[0], torch.Tensor):
-                total += entry[0].numel() * 4 + (entry[1].array.nbytes if isinstance(entry[1], SparseMask) else 0)
-            elif isinstance(entry, tuple) and entry and isinstance(entry[0], list):
-                total += 8 * len(entry[0])
-            elif isinstance(entry, tuple) and entry and isinstance(entry[0], np.ndarray):
-                total += sum(part.nbytes for part in entry)
-            elif isinstance(entry, list):
-                total += 8 * len(entry)
-            elif isinstance(entry, np.ndarray):
-                total += entry.nbytes
+            for part in entry if isinstance(entry, tuple) else (entry,):
+                if isinstance(part, torch.Tensor):
+                    total += part.numel() * 4
+                elif isinstance(part, SparseMask):
+                    total += part.array.nbytes
+                elif isinstance(part, np.ndarray):
+                    total += part.nbytes
+                elif isinstance(part, list):
+                    total += 8 * len(part)
         return total
 
     def _row(self, base: torch.Tensor, add: list[int], clear, words: np.ndarray | None = None,

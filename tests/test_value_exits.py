@@ -2,6 +2,7 @@
 walked sorted through the unit) and a unit state's entering tokens are exactly those the byte-by-byte
 walk of each candidate token finds (run()), with the same fewest tokens left after each."""
 
+import numpy as np
 import pytest
 
 from grammar_fixtures import shared_compiler, smollm2_vocabulary
@@ -100,9 +101,10 @@ def test_exits_are_sorted_by_rest_with_their_shared_prefixes():
         assert before[:shared] == rest[:shared] and (shared == min(len(before), len(rest)) or before[shared] != rest[shared])
 
 
-def test_a_value_mask_is_an_id_list_from_its_second_ask():
-    """A value state's first ask for its id list gets None (it keeps the packed row: a state visited once
-    never pays the conversion); later ones get its SparseMask, the row's tokens; value_mask is not an ask."""
+def test_a_value_mask_is_an_id_list_from_its_first_ask_with_no_row():
+    """A value state's id list is the automaton's, changed by EOS and the leaving tokens, on its first
+    ask and without a row; it equals the conversion of the row value_mask makes later, for both sides
+    of the mask."""
     from grammars.hole_tables import value_at
     from grammars.json_value_lexer import S_BODY
     from grammars.sparse_mask import sparse_mask
@@ -111,14 +113,21 @@ def test_a_value_mask_is_an_id_list_from_its_second_ask():
         "note": {"type": "object"}}, "required": ["note"], "additionalProperties": False}, free_values=True))
     tables = grammar.hole_tables()
     hole = min(tables._holes)
-    value = value_at(tables, S_BODY, (OBJECT,))  # in a string in the value: `"}}` leaves it
-    row, sparse, _ = tables.value_entry(value, hole)
-    assert sparse is None and tables.value_mask(value, hole)[0] is row and tables.value_mask(value, hole)[1] is None
-    second = tables.value_entry(value, hole)
-    expected = sparse_mask(row, smollm2_vocabulary().size)
-    assert second[1].allowed == expected.allowed and second[1].array.tolist() == expected.array.tolist()
-    assert tables.value_entry(value, hole)[1] is second[1] and tables.value_mask(value, hole)[1] is second[1]
-    assert tables.leaving(value.state, hole)[0]  # the mask holds leaving tokens too
+    sides = set()
+    for q in (S_BODY, AFTER):  # in a string in the value: `"}}` leaves it (banned side); after a member: `}}`
+        value = value_at(tables, q, (OBJECT,))
+        row, sparse, _ = tables.value_entry(value, hole)
+        assert row is None and sparse is not None and tables.value_entry(value, hole)[1] is sparse
+        row, again = tables.value_mask(value, hole)
+        expected = sparse_mask(row, smollm2_vocabulary().size)
+        assert again is sparse and sparse.allowed == expected.allowed and np.array_equal(sparse.array, expected.array)
+        assert set(tables.leaving(value.state, hole)[0]) <= set(np.flatnonzero(_allowed_bits(row)).tolist())
+        sides.add(sparse.allowed)
+    assert sides == {True, False}
+
+
+def _allowed_bits(row):
+    return np.unpackbits(row.numpy().view(np.uint8), bitorder="little").astype(bool)
 
 
 def test_warming_the_json_automaton_makes_every_exit_list(monkeypatch):
