@@ -11,10 +11,13 @@ static int compare(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* src[0..k) sorted into dst without repeats; returns how many. */
+/* src[0..k) sorted into dst without repeats; returns how many. qsort only where src is not sorted
+ * already (the caller sorts long lists with numpy's far faster sort). */
 static int64_t distinct(const int64_t *src, int64_t k, int64_t *dst) {
+    int sorted = 1;
+    for (int64_t i = 1; i < k && sorted; i++) sorted = src[i - 1] <= src[i];
     if (k) memcpy(dst, src, (size_t)k * sizeof(int64_t));
-    qsort(dst, (size_t)k, sizeof(int64_t), compare);
+    if (!sorted) qsort(dst, (size_t)k, sizeof(int64_t), compare);
     int64_t j = 0;
     for (int64_t i = 0; i < k; i++)
         if (j == 0 || dst[i] != dst[j - 1]) dst[j++] = dst[i];

@@ -167,6 +167,7 @@ def _merged(ids: np.ndarray, allowed: bool, on, off) -> np.ndarray:
     ``ids`` ascending distinct; ``on`` and ``off`` in any order. In C (grammars/_merge_ids.c), else
     numpy."""
     on, off = np.ascontiguousarray(on, dtype=np.int64), np.ascontiguousarray(off, dtype=np.int64)
+    on, off = (np.sort(part) if len(part) > 32 else part for part in (on, off))  # C's qsort is 10x slower
     routine = native.routine("merge_ids", ctypes.c_int64,
                              [ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p])
     if routine is not None:
