@@ -59,7 +59,7 @@ class HoleMatcher:
         tables, grammar = self.tables, self.grammar
         if self.value is not None:
             room = budget - grammar.min_tokens(tables.hole_after(self.hole))
-            return (room < tables.automaton.safe_budget(self.value._q, self.value._frame) or room < 1
+            return (room < 1 or room < tables.automaton.safe_budget(self.value._q, self.value._frame)
                     or tables.leaving(self.value.state, self.hole)[1] > budget - 1)
         if self.unit._terminated:
             return False

@@ -245,13 +245,12 @@ class HoleTables:
         state, after = value.state, self.hole_after(hole)
         entry = self.automaton.entry(value._q, value._frame)
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
-        leave = self.leaving(state, hole)[0]
+        leave, most = self.leaving(state, hole)
         if got is None:
             safe = None
             if key[0] == "value":  # narrows(): room < 1, the value's own budget row, a leaving token's rest
                 rest = self.grammar.min_tokens(after)
-                safe = max(rest + 1, rest + self.automaton.safe_budget(value._q, value._frame),
-                           self.leaving(state, hole)[1] + 1)
+                safe = max(rest + 1, rest + self.automaton.safe_budget(value._q, value._frame), most + 1)
             own = ("own", id(entry), bool(clear))  # the automaton's ids less EOS, shared by value states
             if own not in self._memo:
                 self._memo[own] = changed(entry.sparse, [], clear)

@@ -16,26 +16,16 @@ compiled yet is held, where its literal ends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from grammars.errors import GrammarError
 from grammars.sparse_mask import allowed_sparse
+from grammars.tool_grammar import ToolTokens
 from grammars.trigger_mask import TriggerMasks
 from grammars.unit_union import UnitUnion
 
 TEXT, FORCED, CALL, AFTER, DONE = "text", "forced", "call", "after", "done"
-
-
-@dataclass(frozen=True)
-class ToolTokens:
-    """The delimiters of a tool grammar as token ids of this tokenizer."""
-    open: tuple[int, ...]
-    close: tuple[int, ...]
-    separator: tuple[int, ...] | None  # SEPARATOR + OPEN; None: one block only
-    end: tuple[int, ...] = ()  # after the last block (mistral's `]`)
 
 
 class ToolCallConstraint:
@@ -305,13 +295,3 @@ def _brace_tokens(vocabulary) -> tuple[int, ...]:
 def _bit(position: int) -> int:
     """The int32 value with only bit `position` set (bit 31 is the sign bit)."""
     return (1 << position) - (1 << 32 if position == 31 else 0)
-
-
-def tool_tokens(tokenizer, open_text: str, close_text: str, separator: str | None, end: str = "") -> ToolTokens:
-    """The delimiters as this tokenizer writes them (an added token such as `<tool_call>` stays whole).
-    Where the format has an `end` (mistral's list), later blocks follow the separator alone."""
-    def encode(text: str) -> tuple[int, ...]:
-        return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
-    following = "" if end else open_text
-    return ToolTokens(open=encode(open_text), close=encode(close_text),
-                      separator=encode(separator + following) if separator is not None else None, end=encode(end))

@@ -60,11 +60,29 @@ def tool_grammar(format_name: str, tools: list[dict], args_regex: ArgsRegex, par
     raise ValueError(f"tool format {format_name!r} has no grammar plan; add one in grammars/tool_grammar.py")
 
 
+@dataclass(frozen=True)
+class ToolTokens:
+    """The delimiters of a tool grammar as token ids of this tokenizer."""
+    open: tuple[int, ...]
+    close: tuple[int, ...]
+    separator: tuple[int, ...] | None  # SEPARATOR + OPEN; None: one block only
+    end: tuple[int, ...] = ()  # after the last block (mistral's `]`)
+
+
+def tool_tokens(tokenizer, open_text: str, close_text: str, separator: str | None, end: str = "") -> ToolTokens:
+    """The delimiters as this tokenizer writes them (an added token such as `<tool_call>` stays whole).
+    Where the format has an `end` (mistral's list), later blocks follow the separator alone."""
+    def encode(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
+    following = "" if end else open_text
+    return ToolTokens(open=encode(open_text), close=encode(close_text),
+                      separator=encode(separator + following) if separator is not None else None, end=encode(end))
+
 
 def compile_tool_constraint(grammar: ToolGrammar, compiler, tokenizer, required: bool, trigger=None):
     """A ready ToolCallConstraint for ``grammar``, its units compiled now (tests, benchmarks; the
     server submits the units and attaches them when they are done, see server/tool_calls.py)."""
-    from grammars.tool_constraint import ToolCallConstraint, tool_tokens
+    from grammars.tool_constraint import ToolCallConstraint
     from grammars.unit_union import UnitUnion
 
     units = UnitUnion([compiler.compile_regex(regex) for regex in grammar.units])

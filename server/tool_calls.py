@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError
 from grammars.name_stage import name_stage
-from grammars.tool_constraint import ToolCallConstraint, tool_tokens
+from grammars.tool_constraint import ToolCallConstraint
 from grammars.tool_formats import get_tool_format
 from grammars.tool_formats.base import ToolFormat
 from grammars.tool_formats.call_regex import NO_PARAMETERS_SCHEMA, ToolFormatError, chosen_specs
-from grammars.tool_grammar import tool_grammar
+from grammars.tool_grammar import tool_grammar, tool_tokens
 from grammars.trigger_mask import trigger_masks
 from grammars.unit_union import UnitUnion
 from server.errors import APIError

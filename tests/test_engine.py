@@ -198,7 +198,8 @@ def test_a_request_waits_for_its_grammar_units_and_no_one_else_does(tiny_model, 
     """A tool request submitted before its units are compiled is prefilled, then parked: a plain
     request submitted after it finishes meanwhile; once the units are attached it decodes a call."""
     from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
-    from grammars.tool_constraint import ToolCallConstraint, tool_tokens
+    from grammars.tool_constraint import ToolCallConstraint
+    from grammars.tool_grammar import tool_tokens
     from grammars.tool_grammar import tool_grammar
     from grammars.unit_union import UnitUnion
 
@@ -240,7 +241,8 @@ def test_a_row_whose_chosen_tools_unit_still_compiles_is_held_and_no_one_else_is
 
     from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
     from grammars.name_stage import name_stage
-    from grammars.tool_constraint import ToolCallConstraint, tool_tokens
+    from grammars.tool_constraint import ToolCallConstraint
+    from grammars.tool_grammar import tool_tokens
     from grammars.tool_grammar import tool_grammar
 
     vocab = TokenVocabulary.from_tokenizer(smollm_tokenizer, VOCAB, extra_eos_token_ids=(2,))
