@@ -285,7 +285,7 @@ class JsonValueAutomaton:
         banned = np.concatenate(dropped) if dropped else self._eos_ids[:0]
         alts = {alt for (alt, _), k in zip(entry.chunks, keep) if k}
         both = [token for token, its in self._multi[q].items() if not alts.isdisjoint(its)]
-        return changed(entry.sparse, [], banned[~np.isin(banned, both)] if both else banned)
+        return changed(entry.sparse, both, banned)  # ``both`` are allowed in the entry: not among its banned
 
     def _budget_row(self, key: tuple, q: int, frame: Frame) -> torch.Tensor:
         got = self._budget_rows.get(key)
