@@ -34,9 +34,6 @@ from grammars.json_value_tables import JsonValueTables
 from grammars.sparse_mask import SecondAsk, SparseMask, allowed_sparse, changed, sparse_mask
 
 
-_NONE = object()
-
-
 class Frame:
     """One open container (or the empty stack: ``kind`` None) and its distance profile; immutable."""
 
@@ -269,16 +266,17 @@ class JsonValueAutomaton:
         entry, slack = self.entry(q, frame), key[-1]
         keep = tuple(delta <= slack for delta in self._costs_of(q, frame)[1])
         chosen = (id(entry), keep)  # many keys keep the same chunks of one entry
-        got = self._kept.get(chosen, _NONE)
-        if got is _NONE:
-            got = self._kept.setdefault(chosen, self._kept_ids(q, entry, keep))
-        return got
+        if chosen not in self._kept:
+            self._kept[chosen] = self._kept_ids(q, entry, keep)
+        return self._kept[chosen]
 
     def _kept_ids(self, q: int, entry: Entry, keep: tuple[bool, ...]) -> SparseMask | None:
         """_budget_ids' mask of ``entry`` (at lexical state ``q``) with the chunks ``keep`` marks."""
-        kept = [tokens for (_, tokens), k in zip(entry.chunks, keep) if k] + [self._eos_ids if entry.final else []]
+        kept = [tokens for (_, tokens), k in zip(entry.chunks, keep) if k]
+        if entry.final:
+            kept.append(self._eos_ids)
         if sum(len(tokens) for tokens in kept) <= ALLOWED_MAX:
-            return allowed_sparse(np.concatenate(kept), self.size)
+            return allowed_sparse(np.concatenate(kept) if kept else self._eos_ids[:0], self.size)
         dropped = [tokens for (_, tokens), k in zip(entry.chunks, keep) if not k]
         if entry.sparse is None or entry.sparse.allowed or sum(len(t) for t in dropped) > DISALLOWED_MAX:
             return None
