@@ -100,7 +100,9 @@ class SecondAsk:
     narrowed mask asked for once (most are: the budget falls by one a token) keeps the fill and the
     packed apply and never pays for the conversion (20-40 us); one asked again (the same state and
     budget in a later request, or a row shared by many states) is masked from its id list from then
-    on. Shared by a grammar's requests; a race builds one twice, the same."""
+    on. Where the caller can make the id list without a row (``get``'s ``direct``: merged from
+    memoised lists, below), the first ask gets it. Shared by a grammar's requests; a race builds one
+    twice, the same."""
 
     __slots__ = ("size", "_memo")
 
@@ -168,8 +170,7 @@ def _merged(ids: np.ndarray, allowed: bool, on, off) -> np.ndarray:
     numpy."""
     on, off = np.ascontiguousarray(on, dtype=np.int64), np.ascontiguousarray(off, dtype=np.int64)
     on, off = (np.sort(part) if len(part) > 32 else part for part in (on, off))  # C's qsort is 10x slower
-    routine = native.routine("merge_ids", ctypes.c_int64,
-                             [ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p])
+    routine = native.routine("merge_ids", ctypes.c_int64, _MERGE_ARGS)
     if routine is not None:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         out = np.empty(len(ids) + len(on) + len(off), dtype=np.int64)
@@ -190,6 +191,7 @@ def _distinct(ids: np.ndarray) -> np.ndarray:
 
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
+_MERGE_ARGS = [ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p]  # made once: asked per merge
 
 
 def _set_bits(words: np.ndarray) -> np.ndarray:
