@@ -66,7 +66,8 @@ class HoleTables:
         beside the request's prefill): the one-byte edges of every unit state, where values start,
         which states lie within NEAR bytes of a hole, and their masks (3-6 ms for 20-90 states on
         SmolLM2; at a first visit each cost 50-400 us on the request path), and the value masks where
-        values most often end (``_value_masks``); the other value masks are made on first use."""
+        values most often end (the lexical states _ENDINGS, at most one container open); the other
+        value masks are made on first use."""
         states = range(self.index.n_states)
         labels = {t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE}
         labels[self.sentinel] = 256  # one pass over the transitions for both (no byte is 256)
@@ -86,13 +87,7 @@ class HoleTables:
         self._edges, self._near = edges, near
         for state in sorted(near):
             self.unit_mask(state)
-        self._value_masks()
-
-    def _value_masks(self) -> None:
-        """The value masks where values most often end (the lexical states of _ENDINGS, at most one
-        container open), made with the grammar in ``prepare``: 1-3 ms per hole on SmolLM2. Each is
-        what its first visit would make."""
-        for hole in sorted(self._holes):
+        for hole in sorted(self._holes):  # 1-3 ms per hole on SmolLM2; each as its first visit would make it
             for q in _ENDINGS:
                 for stack in ((), (OBJECT,), (ARRAY,)):
                     self.value_entry(value_at(self, q, stack), hole, now=True)
