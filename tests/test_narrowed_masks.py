@@ -76,7 +76,6 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
             first_asks += first is not None and first is not whole
         constraint.advance(token)
     assert narrowed >= 20, name  # budgets narrowed masks on many steps, and those came as SparseMasks
-    if name != "unit":  # made from id lists on the first ask (a plain unit's keep the second-ask path)
-        assert first_asks >= 20, name
+    assert first_asks >= 20, name  # and made from id lists on the first ask, with no row
     if name == "union":
         assert any(key[0] == "budget" for key in _UNION_CACHE)  # narrowed while two units were live
