@@ -217,7 +217,7 @@ class HoleTables:
         key = self._value_key(value, hole)
         got = self._memo.get(key)
         if got is None:
-            got = self._value(value, hole, row=False)
+            got = self._value(value, hole, row=False, key=key)
             if got[1] is _LATER and not now:
                 return got[0], None, got[2]
         if got[1] is _LATER:
@@ -230,10 +230,10 @@ class HoleTables:
         # no token leaves from this deep: the automaton's own mask, keyed as it keys it
         return ("deep", id(self.automaton.entry(value._q, value._frame)), self.grammar.is_final(self.hole_after(hole)))
 
-    def _value(self, value: JsonValueMatcher, hole: int, row: bool) -> tuple:
+    def _value(self, value: JsonValueMatcher, hole: int, row: bool, key: tuple | None = None) -> tuple:
         """The memo's (row or None, its SparseMask or _LATER, the least budget that never narrows);
         the row is made where ``row`` asks for it or no SparseMask could be made without it."""
-        key = self._value_key(value, hole)
+        key = key or self._value_key(value, hole)  # value_entry passes the key it computed
         got = self._memo.get(key)
         if got is not None and (got[0] is not None or not row):
             return got
