@@ -13,13 +13,15 @@ pick and is not counted. Four measures over the same steps:
 
   engine       timed in the engine's step, on the CPU right after the model's forward pass (whose
                weights have just streamed through every cache: a CPU server's figure).
-  host, cold   each request's generation replayed on a grammar compiled afresh (every state's first
-               visit included), step by step with the engine's budgets, the masker and pick as in
-               the engine, on random logits that favour the token the engine appended there, with
-               no forward pass between (the host side of a GPU server, where the pass runs on the
-               device). Each replayed pick must equal the engine's token (counted). The compiler
-               sees the engine busy throughout, as it is while decoding: background warm-ups of
-               masks wait (they neither take the GIL from the timed steps nor make their masks).
+  host, cold   each request's generation replayed on a grammar compiled afresh and a JSON-value
+               automaton made afresh (every state's first visit included), step by step with the
+               engine's budgets, the masker and pick as in the engine, on random logits that favour
+               the token the engine appended there, with no forward pass between (the host side of a
+               GPU server, where the pass runs on the device). Each replayed pick must equal the
+               engine's token (counted). The automaton's warm-up runs first, as `maskd serve` runs
+               it before it listens; then the compiler sees the engine busy throughout, as it is
+               while decoding: background warm-ups of masks wait (they neither take the GIL from the
+               timed steps nor make their masks).
   host, warm   the same replay again: the second request, whose states are memoised (budget-
                narrowed masks are made into id lists on their second ask, so here:
                grammars/sparse_mask.py SecondAsk).
@@ -44,6 +46,7 @@ from tool_bench import RESULTS
 import engine.sampling as sampling
 from engine.sampling import SamplingParams
 from grammars import GrammarCompiler
+from grammars.json_value_cache import forget
 from server import chat
 from server.state import ServerState
 
@@ -185,8 +188,10 @@ def main() -> None:
             clock.remove()
             state.engine.shutdown()
         state.compiler.drain()  # its warm-ups (the engine is idle now) end before the timed replays
+        forget(state.vocabulary)  # the generations above filled the shared automaton's memos
         fresh = GrammarCompiler(state.vocabulary, cache_dir=second, timeout_s=60.0, workers=1)
         fresh.json_automaton()
+        fresh.drain()  # its warm-up, as `maskd serve` runs it before it listens
         fresh.set_engine_idle(lambda: False)  # as in `maskd serve` while it decodes: warm-ups wait
         host = ServerState(state.model_name, state.tokenizer, state.context_length, state.tool_format,
                            state.engine, fresh, state.vocabulary)

@@ -37,6 +37,12 @@ def json_value_automaton(vocabulary: TokenVocabulary, cache_dir: str | None = No
     return got
 
 
+def forget(vocabulary: TokenVocabulary) -> None:
+    """Drop the process's automaton of ``vocabulary``: the next json_value_automaton() makes a fresh
+    one (benchmarks/mask_bench.py measures a server's first requests with it)."""
+    _AUTOMATA.pop(vocabulary.fingerprint, None)
+
+
 def warm_json(automaton: JsonValueAutomaton, vocabulary: TokenVocabulary, pause) -> None:
     """The automaton's masks and the vocabulary's free-value exits made ahead (grammars/value_exits.py;
     none where the vocabulary has no one-byte token for the holes' sentinel); ``pause()`` between two."""

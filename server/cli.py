@@ -86,6 +86,7 @@ def cmd_serve(args) -> int:
                                lru_bytes=int(args.grammar_memory_mb * (1 << 20)), workers=args.grammar_workers)
     compiler.json_automaton()  # json_object and free-form values need it: built (or read from disk) now
     name_stage.prepare(vocabulary)  # the tables a call written before its units are compiled reads
+    compiler.drain()  # the automaton's masks and the holes' exits made before the first request
     compiler.set_engine_idle(lambda: engine.idle)  # background compiles wait for the engine's idle time
     from grammars.forced_text import ForcedText
     engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)

@@ -421,15 +421,24 @@ def test_budget_mask_is_every_token_that_still_fits(automaton, vocab, prefix):
 
 
 def test_warm_makes_every_mask_a_nested_value_reaches():
-    """warm() (run in the background once the automaton is loaded) makes the entries that first
-    visits would make, at any depth: walking a deeply nested value afterwards makes none."""
+    """warm() (run once the automaton is loaded, before `maskd serve` listens) makes the entries,
+    budget costs and budget-narrowed id lists that first visits would make, at any depth: walking
+    nested values afterwards, asking each prefix's mask at every budget that narrows it, makes none."""
     automaton = JsonValueAutomaton(json_value_automaton(smollm2_vocabulary()).tables,
                                    smollm2_vocabulary().eos_token_ids)  # fresh entries
     automaton.warm()
-    made = len(automaton._entries)
-    text = b'{"a":[{"b":{"c":[[1.5e+3,-2,"x\\n\\"y"],{"d":null,"e":[true,false]}]}}],"f":"g"}'
-    matcher = _at(automaton, smollm2_vocabulary(), text)
+    made = len(automaton._entries), len(automaton._costs), len(automaton._kept)
+    texts = [b'{"a":[{"b":{"c":[[1.5e+3,-2,"x\\n\\"y"],{"d":null,"e":[true,false]}]}}],"f":"g"}',
+             b'{"a":' * 20 + b'{"t":"x"}' + b"}" * 20, b'{"a":' + b"[" * 20 + b"1" + b"]" * 20 + b"}"]
     row = torch.zeros(automaton.width, dtype=torch.int32)
-    for cut in range(len(text) + 1):
-        _at(automaton, smollm2_vocabulary(), text[:cut]).fill(row)
-    assert matcher.finished() and len(automaton._entries) == made
+    narrowed = 0
+    for text in texts:
+        for cut in range(len(text) + 1):
+            matcher = _at(automaton, smollm2_vocabulary(), text[:cut])
+            matcher.fill(row)
+            least = matcher.min_tokens()
+            for budget in range(max(1, least), least + 12):
+                narrowed += matcher.sparse_mask(budget) is not matcher.sparse_mask()
+        assert matcher.finished()
+    assert narrowed > 100  # the budgets asked did narrow masks
+    assert (len(automaton._entries), len(automaton._costs), len(automaton._kept)) == made
