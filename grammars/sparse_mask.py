@@ -22,6 +22,7 @@ CUDA the packed bitmask is applied on the device.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -140,6 +141,13 @@ def allowed_sparse(ids, vocab_size: int) -> SparseMask | None:
     if len(ids) > ALLOWED_MAX:
         return None
     return _allowed_side(_merged(_NO_IDS, True, ids, _NO_IDS), vocab_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def few_allowed(ids: tuple[int, ...], vocab_size: int) -> SparseMask | None:
+    """allowed_sparse of a few ids given as a tuple, memoised: the forced tokens' masks, asked at the
+    first steps of every request (a merge there cost 30-70 us, cache-cold after the request's setup)."""
+    return allowed_sparse(np.array(ids, dtype=np.int64), vocab_size)
 
 
 def changed(mask: SparseMask | None, on, off) -> SparseMask | None:

@@ -16,11 +16,10 @@ compiled yet is held, where its literal ends.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from grammars.errors import GrammarError
-from grammars.sparse_mask import allowed_sparse
+from grammars.sparse_mask import few_allowed
 from grammars.tool_grammar import ToolTokens
 from grammars.trigger_mask import TriggerMasks
 from grammars.unit_union import UnitUnion
@@ -168,8 +167,7 @@ class ToolCallConstraint:
             if not no_room and not (self._at_start and self._bare_start):
                 return self.trigger.sparse[self._kmp]
             return None
-        few = self._few(None if budget is None else budget - 1)
-        return allowed_sparse(np.array(few, dtype=np.int64), self.vocabulary.size)
+        return few_allowed(tuple(self._few(None if budget is None else budget - 1)), self.vocabulary.size)
 
     def _mask_bare_start(self, row: torch.Tensor, left: int | None) -> None:
         """At the reply's start, a token opening with `{` must be the start of a valid call (that
