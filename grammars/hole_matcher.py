@@ -121,7 +121,13 @@ class HoleMatcher:
         automaton = tables.automaton
         own = (automaton.budget_sparse(value._q, value._frame, room)
                if room < automaton.safe_budget(value._q, value._frame) else automaton.entry(value._q, value._frame).sparse)
-        got = changed(own, fit, [] if self.grammar.is_final(after) else list(automaton.eos_token_ids))
+        # many budgets keep the same tokens; ``own`` lives in the automaton's memos as long as it does
+        return tables.kept(("narrowed", value.state, self.hole, id(own), len(fit)),
+                           lambda: self._merged(own, fit, after))
+
+    def _merged(self, own: SparseMask | None, fit: np.ndarray, after: int) -> SparseMask | None:
+        clear = [] if self.grammar.is_final(after) else list(self.tables.automaton.eos_token_ids)
+        got = changed(own, fit, clear)
         return None if got is not None and got.allowed and not len(got.array) else got
 
     def _unit_budget_ids(self, budget: int) -> SparseMask | None:
