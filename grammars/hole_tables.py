@@ -22,16 +22,18 @@ import torch
 from grammars.bitmask import words_off
 from grammars.free_values import HOLE
 from grammars.hole_bytes import bytes_view
-from grammars.json_value_lexer import (AFTER, ARRAY, FIRST_BYTES, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT, N_ZERO,
-                                       OBJECT, S_BODY, VALUE)
+from grammars.json_value_lexer import (AFTER, ARRAY, ARRAY_FIRST, FIRST_BYTES, K_BODY, L_E, L_L, N_EXP_DIGITS, N_FRAC,
+                                       N_INT, N_ZERO, OBJECT, OBJECT_FIRST, S_BODY, VALUE)
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.sparse_mask import SecondAsk, SparseMask, changed, sparse_mask
 from grammars.value_exits import EXIT_DEPTH, NEAR, run, value_exits, walk
 
 HOLE_BYTE = HOLE.encode()[0]
 _FEW_EDGES = 8  # entering tokens are looked up by their first two bytes from a state with at most this many edges
-# lexical states where a value (or its innermost container's item) often ends: their masks are made with the grammar
-_ENDINGS = (AFTER, N_ZERO, N_INT, N_FRAC, N_EXP_DIGITS, S_BODY, L_E, L_L)
+# lexical states where a value (or its innermost container's item) often ends, or that a model often
+# passes through inside one: their masks are made with the grammar
+_ENDINGS = (AFTER, N_ZERO, N_INT, N_FRAC, N_EXP_DIGITS, S_BODY, L_E, L_L, VALUE, OBJECT_FIRST, ARRAY_FIRST, K_BODY)
+_STACKS = ((), (OBJECT,), (ARRAY,), (OBJECT, OBJECT))  # and objects in objects: a model's nesting
 
 
 class HoleTables:
@@ -66,8 +68,8 @@ class HoleTables:
         beside the request's prefill): the one-byte edges of every unit state, where values start,
         which states lie within NEAR bytes of a hole, and their masks (3-6 ms for 20-90 states on
         SmolLM2; at a first visit each cost 50-400 us on the request path), and the value masks where
-        values most often end (the lexical states _ENDINGS, at most one container open); the other
-        value masks are made on first use."""
+        values most often end or pass (the lexical states _ENDINGS, in the stacks _STACKS: 4-20 ms
+        per grammar on SmolLM2 and Gemma 3); the other value masks are made on first use."""
         states = range(self.index.n_states)
         labels = {t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE}
         labels[self.sentinel] = 256  # one pass over the transitions for both (no byte is 256)
@@ -87,9 +89,9 @@ class HoleTables:
         self._edges, self._near = edges, near
         for state in sorted(near):
             self.unit_mask(state)
-        for hole in sorted(self._holes):  # 1-3 ms per hole on SmolLM2; each as its first visit would make it
+        for hole in sorted(self._holes):  # 2-10 ms per hole; each as its first visit would make it
             for q in _ENDINGS:
-                for stack in ((), (OBJECT,), (ARRAY,)):
+                for stack in _STACKS:
                     self.value_entry(value_at(self, q, stack), hole, now=True)
 
     def near_hole(self, state: int) -> bool:
@@ -197,6 +199,12 @@ class HoleTables:
             self._memo[("leave-costs", value_state, hole)] = (np.asarray([t for t, _ in walked], dtype=np.int64),
                                                               np.asarray(least, dtype=np.int64))
             self._memo[key] = ([t for t, _ in walked], max(least, default=0))
+        return self._memo[key]
+
+    def kept(self, key: tuple, make):
+        """The memo's entry at ``key``, made by ``make()`` on its first ask."""
+        if key not in self._memo:
+            self._memo[key] = make()
         return self._memo[key]
 
     def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:
