@@ -32,7 +32,7 @@ class CompiledGrammar:
     """Index + regex + vocabulary; call ``matcher()`` for a per-request matcher."""
 
     __slots__ = ("index", "regex", "vocabulary", "key", "width", "budget", "_masks", "_sparse", "_single",
-                 "_count", "_budget_masks", "_budget_sparse", "nothing_allowed", "approx_bytes", "_holes")
+                 "_count", "_budget_masks", "_budget_sparse", "_kept", "nothing_allowed", "approx_bytes", "_holes")
 
     def __init__(
         self, index: TokenIndex, regex: str, vocabulary: TokenVocabulary, key: str,
@@ -53,6 +53,7 @@ class CompiledGrammar:
         self._count: dict[int, int] = {}  # state -> number of allowed non-EOS tokens
         self._budget_masks: dict[tuple[int, int], torch.Tensor | None] = {}  # (state, limit) -> mask
         self._budget_sparse = SecondAsk(vocabulary.size)  # (state, limit) -> its SparseMask
+        self._kept: dict[tuple, SparseMask] = {}  # (state, rule kind, ids in it) -> _budget_ids' mask
         with torch.inference_mode(False):
             empty = torch.empty(0, dtype=torch.int64)  # [0]
         self.nothing_allowed = SparseMask(True, empty, vocabulary.size)  # after EOS
@@ -148,11 +149,18 @@ class CompiledGrammar:
         if rule is None:
             return None
         kind, ids = rule
-        if kind == "drop":
-            return changed(self.state_sparse_mask(guide), [], ids)
-        eos = list(self.vocabulary.eos_token_ids) if self.index.is_final_state(state) else []
-        return allowed_sparse(np.concatenate((ids.astype(np.int64), np.asarray(eos, dtype=np.int64))),
-                              self.vocabulary.size)
+        key = (state, kind, len(ids))  # many limits rule the same tokens in or out: their ids nest
+        got = self._kept.get(key)
+        if got is None:
+            if kind == "drop":  # None until the state's own id list is made: not kept
+                got = changed(self.state_sparse_mask(guide), [], ids)
+            else:
+                eos = list(self.vocabulary.eos_token_ids) if self.index.is_final_state(state) else []
+                got = allowed_sparse(np.concatenate((ids.astype(np.int64), np.asarray(eos, dtype=np.int64))),
+                                     self.vocabulary.size)
+            if got is not None:
+                self._kept[key] = got
+        return got
 
     def state_mask(self, guide: IndexCursor) -> torch.Tensor:
         """int32 [width] bitmask of the tokens allowed in ``guide``'s state (memoised)."""
