@@ -142,17 +142,28 @@ class HoleMatcher:
         if tables.near_hole(state):
             tokens, least = tables.entering_costs(state)
             fit = tokens[least <= budget - 1]
-        got = changed(self.unit.sparse_mask(budget), fit, tables.sentinel_ids)
-        if got is None or not tables.is_hole(state):
+        own = self.unit.sparse_mask(budget)
+        start = None
+        if tables.is_hole(state):
+            room = budget - self.grammar.min_tokens(tables.hole_after(state))
+            q, frame = automaton.initial("value")
+            start = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
+                     else automaton.entry(q, frame).sparse)
+            start = (room < 1, start)
+        # many budgets keep the same tokens; the masks keyed by id live in the grammar's and the automaton's memos
+        return tables.kept(("narrowed", state, id(own), len(fit), start and (start[0], id(start[1]))),
+                           lambda: self._unit_merged(own, fit, start))
+
+    def _unit_merged(self, own: SparseMask | None, fit: np.ndarray, start: tuple | None) -> SparseMask | None:
+        """_unit_budget_ids' mask from the unit's (narrowed) mask, the entering tokens that fit and, at
+        a hole, (no value fits, the value's (narrowed) first tokens)."""
+        got = changed(own, fit, self.tables.sentinel_ids)
+        if got is None or start is None:
             return got
-        room = budget - self.grammar.min_tokens(tables.hole_after(state))
-        if room < 1 and (not got.allowed or len(got.array)):  # no value fits, and the unit's tokens are there
+        if start[0] and (not got.allowed or len(got.array)):  # no value fits, and the unit's tokens are there
             return got
-        q, frame = automaton.initial("value")
-        start = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
-                 else automaton.entry(q, frame).sparse)
-        start = changed(start, [], list(automaton.eos_token_ids))
-        return changed(got, start.array, []) if start is not None and start.allowed else None
+        first = changed(start[1], [], list(self.tables.automaton.eos_token_ids))
+        return changed(got, first.array, []) if first is not None and first.allowed else None
 
     def _budget_row(self, budget: int) -> torch.Tensor:
         row = torch.zeros(self.tables.width, dtype=torch.int32)  # [W]
