@@ -61,19 +61,7 @@ class HoleMatcher:
             room = budget - grammar.min_tokens(tables.hole_after(self.hole))
             return (room < 1 or room < tables.automaton.safe_budget(self.value._q, self.value._frame)
                     or tables.leaving(self.value.state, self.hole)[1] > budget - 1)
-        if self.unit._terminated:
-            return False
-        state = self.unit.state
-        if self.unit.narrows(budget):
-            return True
-        if not tables.near_hole(state):
-            return False
-        if tables.is_hole(state):
-            room = budget - grammar.min_tokens(tables.hole_after(state))
-            start = tables.automaton.initial("value")
-            if room < 1 or room < tables.automaton.safe_budget(*start):
-                return True
-        return tables.entering(state)[1] > budget - 1
+        return not self.unit._terminated and budget < tables.unit_safe(self.unit.state)
 
     def fill(self, row: torch.Tensor, budget: int | None = None) -> None:
         if self.narrows(budget):

@@ -110,6 +110,22 @@ class HoleTables:
             self._memo[key] = got
         return self._memo[key]
 
+    def unit_safe(self, state: int) -> int:
+        """The least budget at which HoleMatcher.narrows is false at unit ``state``, and at every larger
+        one (memoised: asked at every step): the unit's own, a value that must fit where one starts
+        here (room of at least 1 and the value's safe budget), and the entering tokens' rests."""
+        key = ("safe", state)
+        got = self._memo.get(key)
+        if got is None:
+            got = self.grammar.budget.safe_budget(state)
+            if self.near_hole(state):
+                if self.is_hole(state):
+                    start = self.automaton.safe_budget(*self.automaton.initial("value"))
+                    got = max(got, self.grammar.min_tokens(self.hole_after(state)) + max(1, start))
+                got = max(got, self.entering(state)[1] + 1)
+            self._memo[key] = got
+        return got
+
     def entering(self, state: int) -> tuple[list[int], int]:
         """(the tokens that walk the unit from ``state`` into a value (`":`, `,"`, `[{`), the most
         tokens left after any of them); where a value starts here, also those that hold a whole value

@@ -160,7 +160,8 @@ def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
     lookups) before: inside a value (HoleTables.value_entry) and in a unit (BudgetTable.safe_budget).
     At every step of a text through values and units, for every budget, the two agree; and the
     thresholds narrows() reads agree with whether the narrowed row exists (the automaton's
-    budget_row, the unit's _budget_mask), which narrows() no longer makes."""
+    budget_row, the unit's _budget_mask), which narrows() no longer makes; in a unit, narrows() says
+    what its parts say."""
     text = ('{"query":"weather","metadata":{"user":{"id":7,"tags":["a","b"],"deep":[[[[[[1]]]]]]},"x":null},'
             '"tags":[1,"two",{"three":3.5e+2},[],true],"options":{"k":"v"},"limit":-3}')
     matcher, checked = grammar.matcher(), set()
@@ -179,5 +180,23 @@ def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
             safe = grammar.budget.safe_budget(matcher.unit.state)
             assert [b < safe for b in range(-2, 90)] == [matcher.unit.narrows(b) for b in range(-2, 90)]
             assert [b < safe for b in range(-2, 90)] == [matcher.unit._budget_mask(b) is not None for b in range(-2, 90)]
+            near = matcher.tables.near_hole(matcher.unit.state)
+            checked.add("near a hole" if near else "unit")
+            assert [_narrows_by_parts(matcher, b) for b in range(-2, 90)] == [matcher.narrows(b) for b in range(-2, 90)]
         matcher.advance(token)
-    assert checked == {"value", "unit"}
+    assert checked == {"value", "unit", "near a hole"}
+
+
+def _narrows_by_parts(matcher, budget: int) -> bool:
+    """HoleMatcher.narrows in a unit, from its parts (HoleTables.unit_safe memoises one threshold):
+    the unit's own budget, a value that must fit where one starts, the entering tokens' rests."""
+    tables, state = matcher.tables, matcher.unit.state
+    if matcher.unit.narrows(budget):
+        return True
+    if not tables.near_hole(state):
+        return False
+    if tables.is_hole(state):
+        room = budget - matcher.grammar.min_tokens(tables.hole_after(state))
+        if room < 1 or room < tables.automaton.safe_budget(*tables.automaton.initial("value")):
+            return True
+    return tables.entering(state)[1] > budget - 1
