@@ -86,7 +86,9 @@ def settle(logits: torch.Tensor, tokens: list[int], narrowed: dict[int, SparseMa
     if routine is not None and logits.dtype == torch.float32 and logits.stride(1) == 1:
         base, step, vocab = logits.data_ptr(), logits.stride(0) * 4, logits.shape[1]
         for row, mask in narrowed.items():
-            tokens[row] = routine(base + row * step, vocab, mask.address, mask.array.size, mask.allowed, tokens[row])
+            ids = mask.array
+            tokens[row] = (int(ids[0]) if mask.allowed and ids.size == 1  # one allowed token (forced): no call
+                           else routine(base + row * step, vocab, mask.address, ids.size, mask.allowed, tokens[row]))
         return tokens
     scores = logits.numpy()  # [B, V], a view
     for row, mask in narrowed.items():

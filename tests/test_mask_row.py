@@ -44,14 +44,16 @@ def test_the_c_packed_apply_declines_what_it_does_not_cover():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_c_pick_equals_the_numpy_pick(seed, monkeypatch):
-    """Allowed and banned masks, short and long, ties, and the row's own argmax banned or not."""
+    """Allowed and banned masks, short and long, one allowed token (no call), ties, and the row's own
+    argmax banned or not."""
     rng = np.random.default_rng(seed)
     vocab = 5000
-    logits = torch.from_numpy(rng.integers(-3, 4, size=(4, vocab)).astype(np.float32))  # many ties
+    logits = torch.from_numpy(rng.integers(-3, 4, size=(5, vocab)).astype(np.float32))  # many ties
     masks = {0: SparseMask(True, np.sort(rng.choice(vocab, 7, replace=False)), vocab),
              1: SparseMask(True, np.sort(rng.choice(vocab, 900, replace=False)), vocab),
              2: SparseMask(False, np.sort(rng.choice(vocab, 40, replace=False)), vocab),
-             3: SparseMask(False, np.flatnonzero(logits[3].numpy() == logits[3].max().item()), vocab)}
+             3: SparseMask(False, np.flatnonzero(logits[3].numpy() == logits[3].max().item()), vocab),
+             4: SparseMask(True, np.flatnonzero(logits[4].numpy() == logits[4].min().item())[:1], vocab)}
     best = logits.numpy().argmax(axis=1).tolist()  # row 3's own argmax is banned: the next best wins
     assert native.library() is not None and sampling.pick_routine() is not None
     c_way = sampling.settle(logits.clone(), list(best), masks)
@@ -59,3 +61,4 @@ def test_the_c_pick_equals_the_numpy_pick(seed, monkeypatch):
     numpy_way = sampling.settle(logits.clone(), list(best), masks)
     assert c_way == numpy_way
     assert c_way[3] not in masks[3].array.tolist()
+    assert c_way[4] == int(masks[4].array[0])  # a forced token, though its logit is the row's least
