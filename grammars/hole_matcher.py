@@ -130,17 +130,15 @@ class HoleMatcher:
         if tables.near_hole(state):
             tokens, least = tables.entering_costs(state)
             fit = tokens[least <= budget - 1]
-        own = self.unit.sparse_mask(budget)
-        start = None
+        own, start, start_key = self.unit.sparse_mask(budget), None, None
         if tables.is_hole(state):
             room = budget - self.grammar.min_tokens(tables.hole_after(state))
             q, frame = automaton.initial("value")
-            start = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
+            first = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
                      else automaton.entry(q, frame).sparse)
-            start = (room < 1, start)
+            start, start_key = (room < 1, first), (room < 1, id(first))
         # many budgets keep the same tokens; the masks keyed by id live in the grammar's and the automaton's memos
-        return tables.kept(("narrowed", state, id(own), len(fit), start and (start[0], id(start[1]))),
-                           lambda: self._unit_merged(own, fit, start))
+        return tables.kept(("narrowed", state, id(own), len(fit), start_key), lambda: self._unit_merged(own, fit, start))
 
     def _unit_merged(self, own: SparseMask | None, fit: np.ndarray, start: tuple | None) -> SparseMask | None:
         """_unit_budget_ids' mask from the unit's (narrowed) mask, the entering tokens that fit and, at
