@@ -27,6 +27,10 @@ pick and is not counted. Four measures over the same steps:
                grammars/sparse_mask.py SecondAsk).
   host, later  the replay a third time: what every later request costs.
 
+As in the engine's step, no garbage collection runs inside a timed step (engine/collector.py: one
+that falls due there runs right after it), and before the replays the process's objects are frozen
+as `maskd serve` freezes them before it listens; the collections of each pass are reported apart.
+
 Prints a table, writes the JSON and a PNG of the distributions beside it.
 """
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +49,7 @@ from naturalness_bench import generate, load_state, requests
 from tool_bench import RESULTS
 
 import engine.sampling as sampling
+from engine.collector import freeze_startup, no_collection
 from engine.sampling import SamplingParams
 from grammars import GrammarCompiler
 from grammars.json_value_cache import forget
@@ -100,13 +106,14 @@ async def replay(constraint, steps: list, output: list[int], masker, vocab_size:
         logits.normal_(generator=gen)
         logits[0, output[position]] += 50.0
         seq.tokens_left = budget
-        started = time.perf_counter()
-        narrowed = masker(logits, [seq])
-        spent = time.perf_counter() - started
-        plain = [0] if narrowed and narrowed[0].allowed else [int(logits.numpy()[0].argmax())]  # not timed
-        started = time.perf_counter()
-        token = sampling.settle(logits, plain, narrowed)[0]
-        times.append((spent + time.perf_counter() - started) * 1e6)
+        with no_collection():  # as in the engine's step: a collection due here runs after it (counted apart)
+            started = time.perf_counter()
+            narrowed = masker(logits, [seq])
+            spent = time.perf_counter() - started
+            plain = [0] if narrowed and narrowed[0].allowed else [int(logits.numpy()[0].argmax())]  # not timed
+            started = time.perf_counter()
+            token = sampling.settle(logits, plain, narrowed)[0]
+            times.append((spent + time.perf_counter() - started) * 1e6)
         differ += token != output[position]
     return times, differ
 
@@ -131,6 +138,31 @@ async def run(state: ServerState, todo, clock: StepClock) -> list[dict]:
                      "output": list(clock.seqs[k].output_ids)} for k in new]
         print(f"{task:12} {key[:28]:28} {sum(len(clock.steps[k]) for k in new):4} masked steps", flush=True)
     return records
+
+
+class Collections:
+    """The garbage collector's pauses during each replay pass (gc.callbacks): they run outside the
+    timed masks and picks, as in the engine (engine/collector.py), and are reported apart."""
+
+    def __init__(self) -> None:
+        self.label, self.pauses, self._started = None, {}, 0.0
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict) -> None:
+        if self.label is None:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.setdefault(self.label, []).append((info["generation"], (time.perf_counter() - self._started) * 1e6))
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._seen)
+
+    def summary(self) -> dict:
+        return {label: {"collections": len(p), "by_generation": [sum(g == k for g, _ in p) for k in range(3)],
+                        "total_us": sum(t for _, t in p), "max_us": max((t for _, t in p), default=0.0)}
+                for label, p in self.pauses.items()}
 
 
 async def replays(state: ServerState, records: list[dict], masker, label: str) -> None:
@@ -195,11 +227,14 @@ def main() -> None:
         fresh.set_engine_idle(lambda: False)  # as in `maskd serve` while it decodes: warm-ups wait
         host = ServerState(state.model_name, state.tokenizer, state.context_length, state.tool_format,
                            state.engine, fresh, state.vocabulary)
+        freeze_startup()  # as `maskd serve` does before it listens
+        collections = Collections()
         try:
-            asyncio.run(replays(host, records, masker, "host_cold"))
-            asyncio.run(replays(host, records, masker, "host_warm"))
-            asyncio.run(replays(host, records, masker, "host_later"))
+            for label in ("host_cold", "host_warm", "host_later"):
+                collections.label, collections.pauses[label] = label, []
+                asyncio.run(replays(host, records, masker, label))
         finally:
+            collections.close()
             fresh.close()
             state.compiler.close()
     table = summarize(records)
@@ -208,11 +243,16 @@ def main() -> None:
     for r in table:
         print(f"{r['measure']:10} {r['task']:12} {r['n']:6} {r['p50']:7.1f} {r['p90']:7.1f} {r['p99']:8.1f}"
               f" {r['max']:8.1f} {r['picks_differ']:13}")
+    paused = collections.summary()
+    for label, c in paused.items():
+        print(f"garbage collections during {label} (outside the timed steps): {c['collections']} "
+              f"(by generation {c['by_generation']}), {c['total_us'] / 1000:.1f} ms in all, longest {c['max_us']:.0f} µs")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for record in records:
         record["body"] = record["body"].model_dump(exclude_none=True, by_alias=True)
     args.out.write_text(__import__("json").dumps({"model": state.model_name, "stride": args.stride,
-                                                  "summary": table, "records": records}, indent=1))
+                                                  "summary": table, "collections": paused,
+                                                  "records": records}, indent=1))
     plot(records, args.out.with_suffix(".png"), f"mask time per step, {state.model_name}")
     print(f"wrote {args.out} and {args.out.with_suffix('.png').name}")
 

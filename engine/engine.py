@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import torch
 
+from engine.collector import no_collection
 from engine.kv_budget import PromptTooLong, default_kv_budget
 from engine.logprobs import TokenLogprob, forced_logprob, step_logprobs
 from engine.metrics import EngineMetrics
@@ -222,15 +223,16 @@ class Engine:
         """logits: [B, V], one row per seq. Samples, then appends each row's token."""
         for seq in seqs:
             seq.tokens_left = _tokens_left(seq)
-        apply_logit_bias(logits, seqs)
-        apply_penalties(logits, seqs)  # before the hooks: a masked token stays masked
-        narrowed: dict[int, SparseMask] = {}
-        for hook in self.logits_hooks:
-            found = hook(logits, seqs)
-            if isinstance(found, dict):
-                narrowed.update(found)
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs], narrowed)
-        logprobs = step_logprobs(logits, seqs, tokens) or [None] * len(seqs)  # of the masked logits
+        with no_collection():  # a collection due here runs after the pick (engine/collector.py)
+            apply_logit_bias(logits, seqs)
+            apply_penalties(logits, seqs)  # before the hooks: a masked token stays masked
+            narrowed: dict[int, SparseMask] = {}
+            for hook in self.logits_hooks:
+                found = hook(logits, seqs)
+                if isinstance(found, dict):
+                    narrowed.update(found)
+            tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs], narrowed)
+            logprobs = step_logprobs(logits, seqs, tokens) or [None] * len(seqs)  # of the masked logits
         for seq, token, logprob in zip(seqs, tokens, logprobs):
             try:
                 self._append(seq, token, logprob)
