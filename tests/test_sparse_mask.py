@@ -385,3 +385,25 @@ def _same(got, expected, only):
         assert got is None
         return
     assert got is not None and got.allowed == expected.allowed and np.array_equal(got.array, expected.array)
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_few_ids_merge_in_python_as_in_c(allowed, monkeypatch):
+    """_merged below _FEW_IDS ids in all (Python's sets) gives what the C merge and the numpy merge
+    give above it: ascending, distinct; ``on`` and ``off`` repeated, overlapping, lists or arrays."""
+    from grammars import sparse_mask as module
+
+    rng = np.random.default_rng(int(allowed))
+    for trial in range(300):
+        ids = np.unique(rng.integers(0, 90, rng.integers(0, 40)))
+        on, off = rng.integers(0, 90, rng.integers(0, 12)), rng.integers(0, 90, rng.integers(0, 12))
+        on = on.tolist() if trial % 2 else on
+        if len(ids) + len(on) + len(off) > module._FEW_IDS:
+            continue
+        expected = sorted((set(ids.tolist()) - set(off.tolist())) | set(np.asarray(on).tolist()) if allowed
+                          else (set(ids.tolist()) | set(off.tolist())) - set(np.asarray(on).tolist()))
+        got = module._merged(ids, allowed, on, off)
+        assert got.dtype == np.int64 and got.tolist() == expected
+        monkeypatch.setattr(module, "_FEW_IDS", -1)  # the same merge in C (or numpy without a compiler)
+        assert module._merged(ids, allowed, on, off).tolist() == expected
+        monkeypatch.undo()
