@@ -1,6 +1,6 @@
 """Per-token mask time over real generations: in the engine, and replayed as a GPU host would see it.
 
-    python benchmarks/mask_bench.py [--stride 34] [--limit N] [--model NAME]
+    python benchmarks/mask_bench.py [--stride 34] [--limit N] [--model NAME] [--cold-passes 3]
                                     [--out benchmarks/results/mask_bench.json]
 
 The requests are naturalness_bench's (every --stride-th BFCL schema as tools with tool_choice
@@ -22,6 +22,8 @@ pick and is not counted. Four measures over the same steps:
                it before it listens; then the compiler sees the engine busy throughout, as it is
                while decoding: background warm-ups of masks wait (they neither take the GIL from the
                timed steps nor make their masks).
+               Run --cold-passes times (3), each on a compiler and automaton made afresh, and
+               pooled: one pass's p99 is its ninth-worst step or so, and this machine's speed swings.
   host, warm   the same replay again: the second request, whose states are memoised (budget-
                narrowed masks are made into id lists on their second ask, so here:
                grammars/sparse_mask.py SecondAsk).
@@ -165,13 +167,27 @@ class Collections:
                 for label, p in self.pauses.items()}
 
 
+def fresh_host(state: ServerState, cache_dir: str) -> tuple[GrammarCompiler, ServerState]:
+    """A new compiler (empty caches) and a new JSON-value automaton, warmed and frozen as `maskd serve`
+    warms and freezes them before it listens; then busy, as while the engine decodes."""
+    forget(state.vocabulary)  # the generations (or the last cold pass) filled the shared automaton's memos
+    fresh = GrammarCompiler(state.vocabulary, cache_dir=cache_dir, timeout_s=60.0, workers=1)
+    fresh.json_automaton()
+    fresh.drain()
+    freeze_startup()
+    fresh.set_engine_idle(lambda: False)  # warm-ups wait, as in `maskd serve` while it decodes
+    return fresh, ServerState(state.model_name, state.tokenizer, state.context_length, state.tool_format,
+                              state.engine, fresh, state.vocabulary)
+
+
 async def replays(state: ServerState, records: list[dict], masker, label: str) -> None:
     for i, record in enumerate(records):
         prepared = await chat.prepare(state, record["body"])
         await prepared.settle()  # every tool unit compiled and attached (untimed)
         times, differ = await replay(prepared.request.constraint, record["steps"], record["output"], masker,
                                state.vocabulary.size, i)
-        record[label], record[f"{label}_differ"] = times, differ
+        record[label] = record.get(label, []) + times  # the cold passes pool
+        record[f"{label}_differ"] = record.get(f"{label}_differ", 0) + differ
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -206,6 +222,8 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=34, help="every k-th BFCL schema (default 34: 31 schemas)")
     parser.add_argument("--limit", type=int, default=None, help="at most N requests per task")
     parser.add_argument("--model", default=None, help="a models.yaml name (default: the embedded model)")
+    parser.add_argument("--cold-passes", type=int, default=3,
+                        help="cold replays, each on a compiler and automaton made afresh; pooled (default 3)")
     parser.add_argument("--out", type=Path, default=RESULTS / "mask_bench.json")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -220,22 +238,20 @@ def main() -> None:
             clock.remove()
             state.engine.shutdown()
         state.compiler.drain()  # its warm-ups (the engine is idle now) end before the timed replays
-        forget(state.vocabulary)  # the generations above filled the shared automaton's memos
-        fresh = GrammarCompiler(state.vocabulary, cache_dir=second, timeout_s=60.0, workers=1)
-        fresh.json_automaton()
-        fresh.drain()  # its warm-up, as `maskd serve` runs it before it listens
-        fresh.set_engine_idle(lambda: False)  # as in `maskd serve` while it decodes: warm-ups wait
-        host = ServerState(state.model_name, state.tokenizer, state.context_length, state.tool_format,
-                           state.engine, fresh, state.vocabulary)
-        freeze_startup()  # as `maskd serve` does before it listens
-        collections = Collections()
+        collections, fresh = Collections(), None
         try:
-            for label in ("host_cold", "host_warm", "host_later"):
-                collections.label, collections.pauses[label] = label, []
+            for label in ["host_cold"] * args.cold_passes + ["host_warm", "host_later"]:
+                if label == "host_cold":  # a server started afresh: every grammar and the automaton new
+                    if fresh is not None:
+                        fresh.close()
+                    fresh, host = fresh_host(state, tempfile.mkdtemp(dir=second))
+                collections.label = label
+                collections.pauses.setdefault(label, [])
                 asyncio.run(replays(host, records, masker, label))
         finally:
             collections.close()
-            fresh.close()
+            if fresh is not None:
+                fresh.close()
             state.compiler.close()
     table = summarize(records)
     print(f"\n{state.model_name}: µs per masked step (masker + pick), {len(records)} generations")
