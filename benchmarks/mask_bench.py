@@ -242,6 +242,7 @@ def main() -> None:
         try:
             for label in ["host_cold"] * args.cold_passes + ["host_warm", "host_later"]:
                 if label == "host_cold":  # a server started afresh: every grammar and the automaton new
+                    collections.label = None  # its start-up is not a replay
                     if fresh is not None:
                         fresh.close()
                     fresh, host = fresh_host(state, tempfile.mkdtemp(dir=second))
