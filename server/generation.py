@@ -181,6 +181,7 @@ async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
         elif job.output_format is not None:
             constraint = await build_format_constraint(state, job.output_format, f)
             check_budget(constraint, budget, room, f)
+            prime(constraint, min(row_params.max_tokens, room))
         requests.append(Request(prompt_ids=prompt_ids, params=row_params, constraint=constraint,
                                 keep_special_ids=keep))
     return Prepared(requests, reads_tools=choice.mode != "none", thinking_open=thinking_open, budget=budget,
@@ -218,6 +219,21 @@ async def start(state: ServerState, prepared: Prepared) -> list:
         raise
     state.engine.wake()
     return generated
+
+
+def prime(constraint, budget: int) -> None:
+    """Makes the first step's mask of a fresh constraint now, before the request is submitted and
+    its prompt prefilled: the memos it fills are shared, so the engine's first step reads them (on a
+    grammar's first request that step took 100-180 µs, replayed on SmolLM2; 60-80 primed). The
+    constraint's own state is left as it was."""
+    ask = getattr(constraint, "sparse_mask", None)
+    if ask is None:
+        return
+    forced = constraint.budget_forced
+    sparse = ask(budget)
+    constraint.budget_forced = forced
+    if sparse is not None:
+        sparse.address  # noqa: B018 - made once per mask: where the pick reads its ids
 
 
 def check_budget(constraint, budget: int | None, room: int, f: Fields) -> None:

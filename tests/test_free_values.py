@@ -200,3 +200,20 @@ def _narrows_by_parts(matcher, budget: int) -> bool:
         if room < 1 or room < tables.automaton.safe_budget(*tables.automaton.initial("value")):
             return True
     return tables.entering(state)[1] > budget - 1
+
+
+@pytest.mark.parametrize("budget", [90, 3])
+def test_priming_makes_the_first_mask_and_leaves_the_constraint_as_it_was(grammar, budget):
+    """server/generation.py prime(): the first step's mask is made before the request is submitted;
+    the engine's first ask then gets that same memoised mask (where the budget narrows it, the
+    second ask's), and the constraint's state and budget flag are as a fresh one's."""
+    from server.generation import prime
+
+    primed, fresh = grammar.matcher(), grammar.matcher()
+    prime(primed, budget)
+    assert primed.state == fresh.state and primed.budget_forced is False
+    first = primed.sparse_mask(budget)
+    assert first is not None and first is primed.sparse_mask(budget)
+    assert allowed(primed) == allowed(fresh)
+    if budget == 90:  # not narrowed: the state's own memoised mask, its address made
+        assert first._address is not None
