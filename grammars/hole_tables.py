@@ -89,6 +89,7 @@ class HoleTables:
         self._edges, self._near = edges, near
         for state in sorted(near):
             self.unit_mask(state)
+            self.unit_safe(state)
         for hole in sorted(self._holes):  # 2-10 ms per hole; each as its first visit would make it
             for q in _ENDINGS:
                 for stack in _STACKS:
@@ -112,18 +113,19 @@ class HoleTables:
 
     def unit_safe(self, state: int) -> int:
         """The least budget at which HoleMatcher.narrows is false at unit ``state``, and at every larger
-        one (memoised: asked at every step): the unit's own, a value that must fit where one starts
-        here (room of at least 1 and the value's safe budget), and the entering tokens' rests."""
+        one (asked at every step): the unit's own, and near a hole also a value that must fit where one
+        starts here (room of at least 1 and the value's safe budget) and the entering tokens' rests
+        (memoised, made in prepare())."""
+        if not self.near_hole(state):  # the unit's own (memoised by the budget table)
+            return self.grammar.budget.safe_budget(state)
         key = ("safe", state)
         got = self._memo.get(key)
-        if got is None:
+        if got is None:  # made in prepare()
             got = self.grammar.budget.safe_budget(state)
-            if self.near_hole(state):
-                if self.is_hole(state):
-                    start = self.automaton.safe_budget(*self.automaton.initial("value"))
-                    got = max(got, self.grammar.min_tokens(self.hole_after(state)) + max(1, start))
-                got = max(got, self.entering(state)[1] + 1)
-            self._memo[key] = got
+            if self.is_hole(state):
+                start = self.automaton.safe_budget(*self.automaton.initial("value"))
+                got = max(got, self.grammar.min_tokens(self.hole_after(state)) + max(1, start))
+            got = self._memo[key] = max(got, self.entering(state)[1] + 1)
         return got
 
     def entering(self, state: int) -> tuple[list[int], int]:
