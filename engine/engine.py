@@ -182,6 +182,7 @@ class Engine:
                 log.exception("engine step failed")
                 for seq in self._running:
                     self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
+        self.idle = True  # stopped: nothing to compute (a shutdown right after a step found it False)
         if self.leader is not None:
             self.leader.stop()
 

@@ -301,3 +301,16 @@ def collector(eng: Engine):
     async def collect(request):
         return [e async for e in eng.generate(request)]
     return collect
+
+
+def test_a_stopped_engine_counts_as_idle(tiny_model, smollm_tokenizer):
+    """Background grammar warm-ups wait while the engine is not idle: a shutdown right after a step
+    (idle still False) must not leave them waiting for ever (a benchmark's drain hung on it)."""
+    import time
+
+    eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), context_length=512)
+    eng.start()
+    time.sleep(0.05)  # the loop waits for work
+    eng.idle = False  # as the loop leaves it while it steps
+    eng.shutdown()
+    assert eng.idle
