@@ -2,16 +2,15 @@
 
 CPython's cyclic collector runs when the count of new container objects crosses a threshold
 (700), wherever in the code that happens. Measured in maskd's process (SmolLM2, 2 cores):
-- ~430k objects live from startup on (the model's modules, torch, transformers, the tokenizer,
-  the JSON automaton's tables); a full collection walks them all: 0.4 s.
+- ~420k objects live from startup on (the model's modules, torch, transformers, the tokenizer,
+  the JSON automaton's tables); a full collection walks them all: 265-320 ms.
 - a young collection (700-1,400 objects, mostly the memo keys and masks of states visited for the
-  first time) took 90-380 µs, and one landed in about one masked step in a hundred: the share of
-  steps a p99 reads (replayed first visits, SmolLM2: p99 147-168 µs with collections, 94-103
-  without).
+  first time) took 90-380 µs; replaying first visits, one started inside a step's mask or pick
+  every ~400 steps (6 of ~54 collections in three cold passes of mask_bench's replay).
 
 So, as vLLM freezes its heap after warm-up:
 - ``freeze_startup()`` moves what startup made into the permanent generation, which no collection
-  walks again (`maskd serve` calls it just before it listens);
+  walks again (`maskd serve` calls it just before it listens; a full collection then took 0.01 ms);
 - ``no_collection()`` is the engine's window over a step's masks and pick: a collection that falls
   due inside it runs at the next allocation after it, and CPython's thresholds and generations
   decide as before. None is skipped or added: on CPU the step costs the same; the masks are not

@@ -104,7 +104,7 @@ def cmd_serve(args) -> int:
     # On SIGTERM uvicorn drains (no new connections; running requests finish: see create_app), then
     # re-raises the signal so that the process dies by it; a drained stop is a clean one: exit 0.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    freeze_startup()  # startup's ~430k objects: no collection walks them again (engine/collector.py)
+    freeze_startup()  # startup's ~420k objects: no collection walks them again (engine/collector.py)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
