@@ -137,13 +137,16 @@ class HoleMatcher:
             first = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
                      else automaton.entry(q, frame).sparse)
             start, start_key = (room < 1, first), (room < 1, id(first))
+        # only a hole's state has an edge for the sentinel (its tokens start with it): elsewhere no merge clears it
+        clear = tables.sentinel_ids if start is not None else []
         # many budgets keep the same tokens; the masks keyed by id live in the grammar's and the automaton's memos
-        return tables.kept(("narrowed", state, id(own), len(fit), start_key), lambda: self._unit_merged(own, fit, start))
+        return tables.kept(("narrowed", state, id(own), len(fit), start_key),
+                           lambda: self._unit_merged(own, fit, start, clear))
 
-    def _unit_merged(self, own: SparseMask | None, fit: np.ndarray, start: tuple | None) -> SparseMask | None:
-        """_unit_budget_ids' mask from the unit's (narrowed) mask, the entering tokens that fit and, at
-        a hole, (no value fits, the value's (narrowed) first tokens)."""
-        got = changed(own, fit, self.tables.sentinel_ids)
+    def _unit_merged(self, own: SparseMask | None, fit: np.ndarray, start: tuple | None, clear) -> SparseMask | None:
+        """_unit_budget_ids' mask from the unit's (narrowed) mask less the tokens ``clear``, the entering
+        tokens that fit and, at a hole, (no value fits, the value's (narrowed) first tokens)."""
+        got = changed(own, fit, clear)
         if got is None or start is None:
             return got
         if start[0] and (not got.allowed or len(got.array)):  # no value fits, and the unit's tokens are there
