@@ -109,9 +109,12 @@ class HoleMatcher:
         automaton = tables.automaton
         own = (automaton.budget_sparse(value._q, value._frame, room)
                if room < automaton.safe_budget(value._q, value._frame) else automaton.entry(value._q, value._frame).sparse)
-        # many budgets keep the same tokens; ``own`` lives in the automaton's memos as long as it does
-        return tables.kept(("narrowed", value.state, self.hole, id(own), len(fit)),
-                           lambda: self._merged(own, fit, after))
+        # many budgets keep the same tokens; ``own`` lives in the automaton's memos as long as it does. Where no
+        # leaving token fits (none leaves from deeper than EXIT_DEPTH), the mask is ``own``'s alone, shared by
+        # the value states (a model's deep nesting) and holes the automaton shares it between
+        key = (("narrowed", value.state, self.hole, id(own), len(fit)) if len(fit)
+               else ("narrowed-own", id(own), self.grammar.is_final(after)))
+        return tables.kept(key, lambda: self._merged(own, fit, after))
 
     def _merged(self, own: SparseMask | None, fit: np.ndarray, after: int) -> SparseMask | None:
         clear = [] if self.grammar.is_final(after) else list(self.tables.automaton.eos_token_ids)

@@ -18,6 +18,7 @@ SCHEMA = {"type": "object", "properties": {
     "meta": {"type": "object", "additionalProperties": True}, "tags": {"type": "array", "items": {}}},
     "required": ["city", "meta"], "additionalProperties": False}
 ARGUMENTS = '{"city":"Oslo","days":3,"meta":{"user":{"id":7,"seen":[1,"two",null]},"k":"v"},"tags":[true,[]]}'
+DEEP = '{"city":"Oslo","meta":{"a":{"b":[[{"c":[[{"d":"e"}]]}]]}},"tags":[[[[[[1]]]]]]}'  # past EXIT_DEPTH
 
 
 def test_second_ask_builds_the_sparse_form_once_on_the_second_ask():
@@ -42,6 +43,7 @@ def _constraints():
         "required": ["city"], "additionalProperties": False})
     yield "unit", plain.matcher(), encode('{"city":"Oslo","days":3}')
     yield "holes", compiler.compile_json_schema(SCHEMA).matcher(), encode(ARGUMENTS)
+    yield "deep", compiler.compile_json_schema(SCHEMA).matcher(), encode(DEEP)
     yield "json", JsonValueMatcher(compiler.json_automaton(), "object"), encode(ARGUMENTS)
     tools = [{"type": "function", "function": {"name": "forecast", "parameters": SCHEMA}}]
     constraint = compile_tool_constraint(tool_grammar("hermes", tools, schema_to_regex, True, None), compiler,
@@ -54,7 +56,7 @@ def _constraints():
     yield "union", constraint, encode('<tool_call>\n{"name": "forecast_hourly", "arguments": {"city":"Oslo"}}\n</tool_call>')
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
     name, constraint, tokens = list(_constraints())[case]
     size = smollm2_vocabulary().size
