@@ -91,11 +91,13 @@ class CompiledGrammar:
         """The grammar's HoleTables, made and prepared once (GrammarCompiler does it in the compile
         thread, and warms their masks in the background)."""
         if not self._holes:
+            from grammars.hole_matcher import warm_narrowed
             from grammars.hole_tables import HoleTables
             from grammars.json_value_cache import json_value_automaton
 
             tables = HoleTables(self, json_value_automaton(self.vocabulary))
             tables.prepare()
+            warm_narrowed(self, tables)
             self._holes.append(tables)
         return self._holes[0]
 

@@ -196,6 +196,10 @@ class Matcher:
 
     def reset(self) -> None:
         """Back to the initial state."""
-        self._guide.reset()
+        self.place(self.grammar.initial_state)
+
+    def place(self, state: int) -> None:
+        """Start over at ``state``, as if it were the initial one (a probe of the grammar's masks there)."""
+        self._guide.place(state)
         self._terminated = False
         self._steps = 0

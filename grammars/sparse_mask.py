@@ -125,6 +125,14 @@ class SecondAsk:
             got = self._memo[key] = sparse_mask(row(), self.size)
         return got
 
+    def put(self, key, direct) -> None:
+        """Make ``key``'s SparseMask ahead where ``direct()`` can (its first ask then reads it); else
+        leave the key unasked."""
+        if key not in self._memo:
+            got = direct()
+            if got is not None:
+                self._memo[key] = got
+
     def held_bytes(self) -> int:
         """Bytes held: the id lists, and ~100 per key asked."""
         entries = list(self._memo.values())

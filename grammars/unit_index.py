@@ -174,6 +174,10 @@ class IndexCursor:
     def reset(self) -> None:
         self._trail = [0]
 
+    def place(self, state: int) -> None:
+        """Start over at ``state`` (nothing to roll back)."""
+        self._trail = [state]
+
 
 def from_outlines(index, eos_token_id: int) -> TokenIndex:
     """An outlines_core.Index as a TokenIndex (no loop states; EOS transitions dropped): where the trie

@@ -81,3 +81,35 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
     assert first_asks >= 20, name  # and made from id lists on the first ask, with no row
     if name == "union":
         assert any(key[0] == "budget" for key in _UNION_CACHE)  # narrowed while two units were live
+
+
+def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
+    """grammars/hole_matcher.py warm_narrowed: with its hole tables, a grammar makes the narrowed id
+    lists of the unit's states near a hole and of the value states whose whole masks are made ahead,
+    at every budget that narrows them. Each is what fill(row, budget) allows there, and the first ask
+    of a request there reads it."""
+    from grammars.compiled_grammar import CompiledGrammar
+    from grammars.hole_matcher import HoleMatcher
+    from grammars.hole_tables import value_at
+
+    compiled = shared_compiler().compile_json_schema(SCHEMA)
+    grammar = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key, compiled.budget)
+    tables = grammar.hole_tables()  # fresh memos: only what the grammar made with its tables
+    made = dict(tables.narrowed._memo)
+    size = smollm2_vocabulary().size
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    kinds = set()
+    for (state, budget), mask in made.items():
+        unit_state, value_state, hole = state
+        matcher = HoleMatcher(grammar, tables)
+        matcher.unit.place(unit_state)
+        if value_state is not None:
+            matcher.value, matcher.hole = value_at(tables, *value_state), hole
+        assert matcher.state == state
+        kinds.add("value" if value_state is not None else "hole" if tables.is_hole(unit_state) else "near")
+        assert matcher.sparse_mask(budget) is mask  # the first ask reads it
+        matcher.fill(row, budget)
+        expected = sparse_mask(row, size)
+        assert expected is not None and mask.allowed == expected.allowed, (state, budget)
+        assert np.array_equal(mask.array, expected.array), (state, budget)
+    assert kinds == {"value", "hole", "near"} and len(made) > 200
