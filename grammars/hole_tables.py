@@ -283,13 +283,16 @@ class HoleTables:
         return got
 
     def held_bytes(self) -> int:
-        """Bytes of the memoised rows and token lists (counted in the grammar's memory bound)."""
-        total = self.narrowed.held_bytes()
+        """Bytes of the memoised rows and token lists (counted in the grammar's memory bound; a list
+        shared by several entries, once)."""
+        counted: set[int] = set()
+        total = self.narrowed.held_bytes(counted)
         for entry in list(self._memo.values()):
             for part in entry if isinstance(entry, tuple) else (entry,):
                 if isinstance(part, torch.Tensor):
                     total += part.numel() * 4
-                elif isinstance(part, SparseMask):
+                elif isinstance(part, SparseMask) and id(part) not in counted:
+                    counted.add(id(part))
                     total += part.array.nbytes
                 elif isinstance(part, np.ndarray):
                     total += part.nbytes

@@ -133,10 +133,17 @@ class SecondAsk:
             if got is not None:
                 self._memo[key] = got
 
-    def held_bytes(self) -> int:
-        """Bytes held: the id lists, and ~100 per key asked."""
+    def held_bytes(self, counted: set | None = None) -> int:
+        """Bytes held: ~100 per key asked, and each id list once (many keys share one; ``counted``: the
+        ids of the lists counted already, updated)."""
+        counted = set() if counted is None else counted
         entries = list(self._memo.values())
-        return 100 * len(entries) + sum(entry.array.nbytes for entry in entries if isinstance(entry, SparseMask))
+        total = 100 * len(entries)
+        for entry in entries:
+            if isinstance(entry, SparseMask) and id(entry) not in counted:
+                counted.add(id(entry))
+                total += entry.array.nbytes
+        return total
 
 
 _UNASKED, _ASKED = object(), object()

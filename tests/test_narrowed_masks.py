@@ -32,6 +32,10 @@ def test_second_ask_builds_the_sparse_form_once_on_the_second_ask():
     assert got.allowed and got.array.tolist() == [1, 3] and made == [1]
     assert memo.get("k", lambda: made.append(1) or row) is got and made == [1]
     assert memo.held_bytes() >= got.array.nbytes
+    memo.put("shared", lambda: got)  # a list under two keys is held, and counted, once
+    assert memo.get("shared", lambda: row) is got and memo.held_bytes() == 200 + got.array.nbytes
+    counted = {id(got)}  # counted already by another memo
+    assert memo.held_bytes(counted) == 200
 
 
 def _constraints():
