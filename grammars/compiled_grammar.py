@@ -88,8 +88,9 @@ class CompiledGrammar:
         return HOLE_REGEX in self.regex
 
     def hole_tables(self):
-        """The grammar's HoleTables, made and prepared once (GrammarCompiler does it in the compile
-        thread, and warms their masks in the background)."""
+        """The grammar's HoleTables, made and prepared once, with the narrowed id lists made ahead
+        (grammars/hole_matcher.py warm_narrowed); GrammarCompiler does it in the compile thread, beside
+        the request's prefill."""
         if not self._holes:
             from grammars.hole_matcher import warm_narrowed
             from grammars.hole_tables import HoleTables

@@ -89,12 +89,12 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
 
 def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
     """grammars/hole_matcher.py warm_narrowed: with its hole tables, a grammar makes the narrowed id
-    lists of the unit's states near a hole and of the value states whose whole masks are made ahead,
-    at every budget that narrows them. Each is what fill(row, budget) allows there, and the first ask
-    of a request there reads it."""
+    lists of the unit's states and of the value states whose whole masks are made ahead, at every
+    budget that narrows them (up to a bound). Each is what fill(row, budget) allows there, and the
+    first ask of a request there reads it."""
     from grammars.compiled_grammar import CompiledGrammar
-    from grammars.hole_matcher import HoleMatcher
-    from grammars.hole_tables import value_at
+    from grammars.hole_matcher import HoleMatcher, warm_narrowed
+    from grammars.hole_tables import HoleTables, value_at
 
     compiled = shared_compiler().compile_json_schema(SCHEMA)
     grammar = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key, compiled.budget)
@@ -110,10 +110,16 @@ def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
         if value_state is not None:
             matcher.value, matcher.hole = value_at(tables, *value_state), hole
         assert matcher.state == state
-        kinds.add("value" if value_state is not None else "hole" if tables.is_hole(unit_state) else "near")
+        kinds.add("value" if value_state is not None else "hole" if tables.is_hole(unit_state)
+                  else "near" if tables.near_hole(unit_state) else "unit")
         assert matcher.sparse_mask(budget) is mask  # the first ask reads it
         matcher.fill(row, budget)
         expected = sparse_mask(row, size)
         assert expected is not None and mask.allowed == expected.allowed, (state, budget)
         assert np.array_equal(mask.array, expected.array), (state, budget)
-    assert kinds == {"value", "hole", "near"} and len(made) > 200
+    assert kinds == {"value", "hole", "near", "unit"} and len(made) > 200
+    bounded = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key, compiled.budget)
+    bounded._holes.append(HoleTables(bounded, tables.automaton))
+    bounded._holes[0].prepare()
+    assert warm_narrowed(bounded, bounded._holes[0], most=50) <= 0  # the bound holds
+    assert 0 < len(bounded._holes[0].narrowed._memo) <= 50
