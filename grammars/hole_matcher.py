@@ -20,6 +20,7 @@ from grammars.hole_tables import value_at
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.matcher import Matcher
 from grammars.sparse_mask import SparseMask, allowed_sparse, changed
+from grammars.value_exits import EXIT_DEPTH
 
 
 class HoleMatcher:
@@ -88,11 +89,23 @@ class HoleMatcher:
 
     def _narrowed(self, budget: int) -> SparseMask | None:
         """The mask _fill_budget makes here, memoised per (state, budget) as a SparseMask from its
-        second ask on (HoleTables.narrowed, a SecondAsk); None on the first."""
-        sparse = self.tables.narrowed.get((self.state, budget), lambda: self._budget_row(budget),
-                                          lambda: self._budget_ids(budget))
+        second ask on (HoleTables.narrowed, a SecondAsk; from the first where made from id lists)."""
+        deep = self.value is not None and len(self.value.state[1]) > EXIT_DEPTH
+        key = self._deep_key(budget) if deep else (self.state, budget)
+        sparse = self.tables.narrowed.get(key, lambda: self._budget_row(budget), lambda: self._budget_ids(budget))
         self.budget_forced |= sparse is not None
         return sparse
+
+    def _deep_key(self, budget: int) -> tuple:
+        """_narrowed's key inside a value deeper than EXIT_DEPTH, whatever its depth (SmolLM2 nests objects
+        4-18 deep): no token leaves it, so _fill_budget's mask is the automaton's at max(room, 1) (room < 1
+        and 1 fill the same), less EOS where the unit may not end after the value."""
+        tables, value = self.tables, self.value
+        after = tables.hole_after(self.hole)
+        room = max(budget - self.grammar.min_tokens(after), 1)
+        automaton = tables.automaton
+        own = automaton.budget_key(value._q, value._frame, room) or id(automaton.entry(value._q, value._frame))
+        return ("deep", self.grammar.is_final(after), own)
 
     def _budget_ids(self, budget: int) -> SparseMask | None:
         """Inside a value, _fill_budget's mask made from id lists (the value's narrowed or whole mask,

@@ -245,18 +245,20 @@ class JsonValueAutomaton:
     def budget_row(self, q: int, frame: Frame, budget: int) -> torch.Tensor | None:
         """int32 [width]: the tokens after which a complete value is at most ``budget - 1`` tokens
         away (if none, those that get nearest; EOS where complete); None if that rules out nothing."""
-        key = self._budget_key(q, frame, budget)
+        key = self.budget_key(q, frame, budget)
         return None if key is None else self._budget_row(key, q, frame)
 
     def budget_sparse(self, q: int, frame: Frame, budget: int) -> SparseMask | None:
         """budget_row's SparseMask: on the first ask where few tokens are allowed (from the allowed
         chunks' ids), else from the second ask on (grammars/sparse_mask.py SecondAsk); otherwise None.
         Only where budget_row is not None."""
-        key = self._budget_key(q, frame, budget)
+        key = self.budget_key(q, frame, budget)
         return self._budget_sparse.get(key, lambda: self._budget_row(key, q, frame),
                                        lambda: self._budget_ids(q, frame, key[-1]))
 
-    def _budget_key(self, q: int, frame: Frame, budget: int) -> tuple | None:
+    def budget_key(self, q: int, frame: Frame, budget: int) -> tuple | None:
+        """The key budget_row(q, frame, budget) is memoised under (what it reads of the stack), or None
+        where the budget narrows nothing."""
         rel, _, far = self._costs_of(q, frame)
         cur = frame.base + rel
         slack = max(budget - 1, cur - 1) - cur
