@@ -66,10 +66,16 @@ class CompiledGrammar:
 
     def held_bytes(self) -> int:
         """approx_bytes plus the per-state memos made since (packed rows, budget masks and their id
-        lists)."""
+        lists, those made ahead by warm_budget_cuts included)."""
         rows = len(self._masks) + sum(mask is not None for mask in list(self._budget_masks.values()))
         holes = self._holes[0].held_bytes() if self._holes else 0
-        return self.approx_bytes + 4 * self.width * rows + self._budget_sparse.held_bytes() + holes
+        counted: set[int] = set()  # a list held under several keys, once
+        lists = self._budget_sparse.held_bytes(counted)
+        for mask in list(self._kept.values()):
+            if id(mask) not in counted:
+                counted.add(id(mask))
+                lists += mask.array.nbytes
+        return self.approx_bytes + 4 * self.width * rows + lists + holes
 
     def matcher(self, max_rollback: int = 4096):
         """A fresh per-request matcher at the initial state (a HoleMatcher where the regex has holes
@@ -89,10 +95,10 @@ class CompiledGrammar:
 
     def hole_tables(self):
         """The grammar's HoleTables, made and prepared once, with the narrowed id lists made ahead
-        (grammars/hole_matcher.py warm_narrowed); GrammarCompiler does it in the compile thread, beside
+        (grammars/narrowed_ahead.py warm_narrowed); GrammarCompiler does it in the compile thread, beside
         the request's prefill."""
         if not self._holes:
-            from grammars.hole_matcher import warm_narrowed
+            from grammars.narrowed_ahead import warm_narrowed
             from grammars.hole_tables import HoleTables
             from grammars.json_value_cache import json_value_automaton
 
@@ -164,6 +170,21 @@ class CompiledGrammar:
             if got is not None:
                 self._kept[key] = got
         return got
+
+    def warm_budget_cuts(self) -> int:
+        """Make ahead ``_budget_ids``' merged id lists of every state at every cut a budget can make of
+        its tokens (a state's distinct successor distances: a few per state, most states none), as
+        their first narrowed visit near the end of a budget would (a merge there cost 50-200 us cold).
+        Returns how many were made."""
+        budget, cursor, made = self.budget, IndexCursor(self.index, 1), len(self._kept)
+        for i, state in enumerate(budget.keys.tolist()):
+            lo, hi, far = budget.odd_off[i], budget.odd_off[i + 1], int(budget.far[i])
+            least = int(budget.distance[i]) - 1  # a limit is never below it (Matcher._budget_mask)
+            cuts = {int(d) for d in budget.odd_dist[lo:hi]} | {int(budget.mode[i]), least}
+            cursor.place(state)
+            for limit in sorted(cut for cut in cuts if least <= cut < far):
+                self._budget_ids(cursor, limit)
+        return len(self._kept) - made
 
     def state_mask(self, guide: IndexCursor) -> torch.Tensor:
         """int32 [width] bitmask of the tokens allowed in ``guide``'s state (memoised)."""

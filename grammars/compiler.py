@@ -140,6 +140,7 @@ class GrammarCompiler:
                 self.stats["disk_hits"] += 1
             index, budget = built
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
+            grammar.warm_budget_cuts()  # 1-5 ms per BFCL unit, beside the prefill: no merge near a budget's end
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
                 grammar.hole_tables()

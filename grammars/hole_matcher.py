@@ -122,9 +122,8 @@ class HoleMatcher:
         automaton = tables.automaton
         own = (automaton.budget_sparse(value._q, value._frame, room)
                if room < automaton.safe_budget(value._q, value._frame) else automaton.entry(value._q, value._frame).sparse)
-        # many budgets keep the same tokens; ``own`` lives in the automaton's memos as long as it does. Where no
-        # leaving token fits (none leaves from deeper than EXIT_DEPTH), the mask is ``own``'s alone, shared by
-        # the value states (a model's deep nesting) and holes the automaton shares it between
+        # many budgets keep the same tokens (``own`` lives in the automaton's memos as long as it does); where no
+        # leaving token fits, the mask is ``own``'s alone, shared by the value states and holes that share ``own``
         key = (("narrowed", value.state, self.hole, id(own), len(fit)) if len(fit)
                else ("narrowed-own", id(own), self.grammar.is_final(after)))
         return tables.kept(key, lambda: self._merged(own, fit, after))
@@ -300,35 +299,3 @@ class HoleMatcher:
     def free_text(self) -> bool:
         return False
 
-
-def warm_narrowed(grammar, tables, most: int | None = None) -> int:
-    """Make ahead the budget-narrowed id lists of the unit's states near a hole, of the value states
-    HoleTables.prepare() makes whole masks for (where values most often end or pass) and of the unit's
-    other states, in that order, at every budget that narrows them: ``most`` (WARM_NARROWED) states and
-    budgets in all. Near the end of a budget each was a first visit that merged id lists on the request
-    path (50-250 us cold on SmolLM2); here 5-30 ms per grammar, most budgets sharing a list already
-    made. Returns how many were left."""
-    from grammars.hole_tables import _ENDINGS, _STACKS
-
-    probe, left = HoleMatcher(grammar, tables), WARM_NARROWED if most is None else most
-    near = sorted(tables._near)
-    values = [(hole, q, stack) for hole in sorted(tables._holes) for q in _ENDINGS for stack in _STACKS]
-    others = sorted(set(range(grammar.index.n_states)) - set(near))
-    for place in [(state,) for state in near] + values + [(state,) for state in others]:
-        if len(place) == 1:
-            probe.unit.place(place[0])
-            probe.value, probe.hole = None, -1
-            safe = tables.unit_safe(place[0])
-        else:
-            probe.unit.place(place[0])
-            probe.value, probe.hole = value_at(tables, *place[1:]), place[0]
-            safe = tables.value_entry(probe.value, probe.hole)[2] or 0
-        for budget in range(1, min(safe, left + 1)):
-            tables.narrowed.put((probe.state, budget), lambda: probe._budget_ids(budget))
-        left -= max(0, safe - 1)
-        if left <= 0:
-            break
-    return left
-
-
-WARM_NARROWED = 6000  # states and budgets warm_narrowed makes per grammar at most (~3-5 us each where shared)

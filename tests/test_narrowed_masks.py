@@ -88,12 +88,13 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
 
 
 def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
-    """grammars/hole_matcher.py warm_narrowed: with its hole tables, a grammar makes the narrowed id
+    """grammars/narrowed_ahead.py warm_narrowed: with its hole tables, a grammar makes the narrowed id
     lists of the unit's states and of the value states whose whole masks are made ahead, at every
     budget that narrows them (up to a bound). Each is what fill(row, budget) allows there, and the
     first ask of a request there reads it."""
     from grammars.compiled_grammar import CompiledGrammar
-    from grammars.hole_matcher import HoleMatcher, warm_narrowed
+    from grammars.hole_matcher import HoleMatcher
+    from grammars.narrowed_ahead import warm_narrowed
     from grammars.hole_tables import HoleTables, value_at
 
     compiled = shared_compiler().compile_json_schema(SCHEMA)
@@ -123,3 +124,39 @@ def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
     bounded._holes[0].prepare()
     assert warm_narrowed(bounded, bounded._holes[0], most=50) <= 0  # the bound holds
     assert 0 < len(bounded._holes[0].narrowed._memo) <= 50
+
+
+def test_a_units_budget_cuts_are_merged_with_the_grammar(monkeypatch):
+    """CompiledGrammar.warm_budget_cuts (GrammarCompiler runs it with each compile): the merged id lists
+    of every state's budget cuts are made ahead, so a narrowed first ask near a budget's end merges
+    nothing, and each is what fill(row, budget) allows."""
+    import grammars.compiled_grammar as compiled_grammar
+    import grammars.sparse_mask as sparse_mask_module
+
+    compiled = shared_compiler().compile_json_schema({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city", "unit"], "additionalProperties": False})
+    grammar = compiled_grammar.CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key,
+                                               compiled.budget)
+    assert grammar.warm_budget_cuts() > 10
+    held = grammar.held_bytes()
+    assert held >= grammar.approx_bytes + sum(mask.array.nbytes for mask in grammar._kept.values())
+
+    def no_merge(*args, **kwargs):
+        raise AssertionError("a narrowed first ask merged id lists")
+
+    monkeypatch.setattr(sparse_mask_module, "_merged", no_merge)
+    size = smollm2_vocabulary().size
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    matcher, first_asks = grammar.matcher(), 0
+    for token in smollm2_tokenizer().encode('{"city":"Bergen","days":12,"unit":"C"}', add_special_tokens=False):
+        for budget in range(1, 30):
+            mask = matcher.sparse_mask(budget)
+            if mask is None or not matcher.narrows(budget):
+                continue
+            first_asks += 1
+            matcher.fill(row, budget)
+            expected = sparse_mask(row, size)
+            assert mask.allowed == expected.allowed and np.array_equal(mask.array, expected.array), budget
+        matcher.advance(token)
+    assert first_asks >= 50
