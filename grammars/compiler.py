@@ -92,7 +92,7 @@ class GrammarCompiler:
         self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(workers)]
         # threads that each wait for an idle worker: compiles queue here, memory hits never do
         self._threads = concurrent.futures.ThreadPoolExecutor(4 * workers, thread_name_prefix="maskd-compile")
-        # what follows a compile that nothing waits on: the disk write, warming the hole tables' masks
+        # what follows a compile that nothing waits on: the disk write, its budget cuts' merged lists
         self._after = Background(lambda: self._pool.engine_idle())
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
@@ -140,7 +140,7 @@ class GrammarCompiler:
                 self.stats["disk_hits"] += 1
             index, budget = built
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
-            grammar.warm_budget_cuts()  # 1-5 ms per BFCL unit, beside the prefill: no merge near a budget's end
+            self._after.later(grammar.warm_budget_cuts, self._after.pause)  # while the engine idles
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
                 grammar.hole_tables()

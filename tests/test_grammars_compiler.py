@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import threading
 import time
 
 import pytest
@@ -50,9 +51,10 @@ def test_memory_cache_is_bounded_in_bytes_and_keeps_the_newest():
     vocab = smollm2_vocabulary()
     regexes = ["[0-9]{1,3}", "(yes|no)", "[a-z]{2,5}"]
     with GrammarCompiler(vocab) as probe:
-        sizes = [probe.compile_regex(r).held_bytes() for r in regexes]  # as the cache counts them
+        sizes = [probe.compile_regex(r).approx_bytes for r in regexes]
     assert all(size > 0 for size in sizes)
     with GrammarCompiler(vocab, lru_bytes=sizes[1] + sizes[2]) as compiler:
+        compiler.set_engine_idle(lambda: False)  # no background warm-up adds to what a grammar holds meanwhile
         grammars = [compiler.compile_regex(r) for r in regexes]  # the first is evicted for the third
         assert compiler.compile_regex(regexes[2]) is grammars[2]
         assert compiler.compile_regex(regexes[1]) is grammars[1]
@@ -181,3 +183,17 @@ def test_background_units_wait_for_the_engines_idle_time_and_needed_ones_do_not(
         assert preferred.result(timeout=1800).regex == "z[a-z]+" and not background.done()
         busy["engine"] = False
         assert background.result(timeout=1800).regex == "x[a-z]+"
+
+
+def test_budget_cuts_are_merged_in_the_background_while_the_engine_idles():
+    """CompiledGrammar.warm_budget_cuts runs after the compile, on the background thread, only while
+    the engine has nothing to compute (the compile itself does not wait on it)."""
+    engine_busy = threading.Event()
+    engine_busy.set()
+    with GrammarCompiler(smollm2_vocabulary()) as compiler:
+        compiler.set_engine_idle(lambda: not engine_busy.is_set())
+        grammar = compiler.compile_regex(r'\{"city":"[a-z]{1,12}","days":[0-9]{1,2}\}')
+        assert not grammar._kept  # the compile returned without them; the engine computes
+        engine_busy.clear()
+        compiler.drain()
+        assert len(grammar._kept) > 5
