@@ -94,17 +94,15 @@ class CompiledGrammar:
         return HOLE_REGEX in self.regex
 
     def hole_tables(self):
-        """The grammar's HoleTables, made and prepared once, with the narrowed id lists made ahead
-        (grammars/narrowed_ahead.py warm_narrowed); GrammarCompiler does it in the compile thread, beside
-        the request's prefill."""
+        """The grammar's HoleTables, made and prepared once (GrammarCompiler does it in the compile
+        thread, beside the request's prefill, and makes their narrowed id lists ahead in the background:
+        grammars/narrowed_ahead.py)."""
         if not self._holes:
-            from grammars.narrowed_ahead import warm_narrowed
             from grammars.hole_tables import HoleTables
             from grammars.json_value_cache import json_value_automaton
 
             tables = HoleTables(self, json_value_automaton(self.vocabulary))
             tables.prepare()
-            warm_narrowed(self, tables)
             self._holes.append(tables)
         return self._holes[0]
 

@@ -37,6 +37,7 @@ from grammars.cache_version import UNIT_VERSION
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
+from grammars.narrowed_ahead import warm_narrowed
 from grammars.private_dir import owned_file, private_dir
 from grammars.unit_file import BadEntry, load_unit, save_unit
 from grammars.vocabulary import TokenVocabulary
@@ -92,7 +93,7 @@ class GrammarCompiler:
         self._workers = [CompileWorker(blob, vocabulary.size, vocabulary.eos_token_ids) for _ in range(workers)]
         # threads that each wait for an idle worker: compiles queue here, memory hits never do
         self._threads = concurrent.futures.ThreadPoolExecutor(4 * workers, thread_name_prefix="maskd-compile")
-        # what follows a compile that nothing waits on: the disk write, its budget cuts' merged lists
+        # what follows a compile that nothing waits on: the disk write, its narrowed lists made ahead
         self._after = Background(lambda: self._pool.engine_idle())
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
@@ -143,7 +144,7 @@ class GrammarCompiler:
             self._after.later(grammar.warm_budget_cuts, self._after.pause)  # while the engine idles
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
-                grammar.hole_tables()
+                self._after.later(warm_narrowed, grammar, grammar.hole_tables(), None, self._after.pause)
             self._memory_put(key, grammar)
             return grammar
         finally:

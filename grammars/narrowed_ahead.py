@@ -1,12 +1,14 @@
-"""Budget-narrowed masks made ahead, with a grammar's hole tables (CompiledGrammar.hole_tables).
+"""Budget-narrowed masks made ahead, for a grammar with free-value holes (GrammarCompiler queues it
+after the compile, on its background thread, which works while the engine idles).
 
 Near the end of a token budget nearly every step narrows its state's mask, and each (state, budget)
-is asked for the first time: the narrowed id list was merged from the state's lists on the request
+is asked for the first time: the narrowed id list is merged from the state's lists on the request
 path, 50-250 us cold on SmolLM2, the bulk of the mask time's tail (benchmarks/mask_bench.py). A unit
-with free-value holes has few states (30-140 on mask_bench's grammars), so its narrowed lists, and
-those of the value states whose whole masks HoleTables.prepare() makes, are made here at every budget
-that narrows them, in the compile thread beside the request's prefill (5-30 ms per grammar). Units
-without holes make the merged lists of their budget cuts (CompiledGrammar.warm_budget_cuts).
+with holes has few states (30-140 on mask_bench's grammars), so its narrowed lists, and those of the
+value states whose whole masks HoleTables.prepare() makes, can all be made ahead: 5-30 ms per grammar,
+too long for the compile itself (grammar_bench's cold compile p50 rose 15-20%), so an agent's next turn,
+which reuses the units, is what gains. Units without holes make the merged lists of their budget cuts
+the same way (CompiledGrammar.warm_budget_cuts).
 """
 
 from __future__ import annotations
@@ -15,18 +17,18 @@ from grammars.hole_matcher import HoleMatcher
 from grammars.hole_tables import _ENDINGS, _STACKS, value_at
 
 
-def warm_narrowed(grammar, tables, most: int | None = None) -> int:
+def warm_narrowed(grammar, tables, most: int | None = None, pause=lambda: None) -> int:
     """Make ahead the budget-narrowed id lists of the unit's states near a hole, of the value states
     HoleTables.prepare() makes whole masks for (where values most often end or pass) and of the unit's
-    other states, in that order, at every budget that narrows them: ``most`` (WARM_NARROWED) states and
-    budgets in all. Near the end of a budget each was a first visit that merged id lists on the request
-    path (50-250 us cold on SmolLM2); here 5-30 ms per grammar, most budgets sharing a list already
-    made. Returns how many were left."""
+    other states, in that order, at every budget that narrows them and that the engine can leave there
+    (no fewer than min_tokens: a call opens only where it can close): ``most`` (WARM_NARROWED) states
+    and budgets in all; ``pause()`` runs between two states. Returns how many were left."""
     probe, left = HoleMatcher(grammar, tables), WARM_NARROWED if most is None else most
     near = sorted(tables._near)
     values = [(hole, q, stack) for hole in sorted(tables._holes) for q in _ENDINGS for stack in _STACKS]
     others = sorted(set(range(grammar.index.n_states)) - set(near))
     for place in [(state,) for state in near] + values + [(state,) for state in others]:
+        pause()
         if len(place) == 1:
             probe.unit.place(place[0])
             probe.value, probe.hole = None, -1
@@ -35,12 +37,13 @@ def warm_narrowed(grammar, tables, most: int | None = None) -> int:
             probe.unit.place(place[0])
             probe.value, probe.hole = value_at(tables, *place[1:]), place[0]
             safe = tables.value_entry(probe.value, probe.hole)[2] or 0
-        for budget in range(1, min(safe, left + 1)):
+        least = max(1, probe.min_tokens())  # the engine never leaves fewer: a call opens only where it can close
+        for budget in range(least, min(safe, least + left)):
             tables.narrowed.put((probe.state, budget), lambda: probe._budget_ids(budget))
-        left -= max(0, safe - 1)
+        left -= max(0, safe - least)
         if left <= 0:
             break
     return left
 
 
-WARM_NARROWED = 6000  # states and budgets warm_narrowed makes per grammar at most (~3-5 us each where shared)
+WARM_NARROWED = 6000  # states and budgets warm_narrowed makes per grammar at most (10-30 us each)

@@ -185,15 +185,19 @@ def test_background_units_wait_for_the_engines_idle_time_and_needed_ones_do_not(
         assert background.result(timeout=1800).regex == "x[a-z]+"
 
 
-def test_budget_cuts_are_merged_in_the_background_while_the_engine_idles():
-    """CompiledGrammar.warm_budget_cuts runs after the compile, on the background thread, only while
-    the engine has nothing to compute (the compile itself does not wait on it)."""
+def test_narrowed_lists_are_made_in_the_background_while_the_engine_idles():
+    """CompiledGrammar.warm_budget_cuts, and for a grammar with free-value holes
+    grammars/narrowed_ahead.py warm_narrowed, run after the compile, on the background thread, only
+    while the engine has nothing to compute (the compile itself does not wait on them)."""
     engine_busy = threading.Event()
     engine_busy.set()
     with GrammarCompiler(smollm2_vocabulary()) as compiler:
         compiler.set_engine_idle(lambda: not engine_busy.is_set())
         grammar = compiler.compile_regex(r'\{"city":"[a-z]{1,12}","days":[0-9]{1,2}\}')
-        assert not grammar._kept  # the compile returned without them; the engine computes
+        holes = compiler.compile_json_schema({"type": "object", "properties": {
+            "city": {"type": "string"}, "meta": {"type": "object"}}, "required": ["city", "meta"]})
+        assert holes.has_holes
+        assert not grammar._kept and not holes.hole_tables().narrowed._memo  # the engine computes
         engine_busy.clear()
         compiler.drain()
-        assert len(grammar._kept) > 5
+        assert len(grammar._kept) > 5 and len(holes.hole_tables().narrowed._memo) > 50

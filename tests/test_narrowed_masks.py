@@ -88,10 +88,10 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
 
 
 def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
-    """grammars/narrowed_ahead.py warm_narrowed: with its hole tables, a grammar makes the narrowed id
-    lists of the unit's states and of the value states whose whole masks are made ahead, at every
-    budget that narrows them (up to a bound). Each is what fill(row, budget) allows there, and the
-    first ask of a request there reads it."""
+    """grammars/narrowed_ahead.py warm_narrowed makes the narrowed id lists of a grammar's unit states
+    and of the value states whose whole masks are made ahead, at every budget that narrows them (up to
+    a bound). Each is what fill(row, budget) allows there, and the first ask of a request there reads
+    it."""
     from grammars.compiled_grammar import CompiledGrammar
     from grammars.hole_matcher import HoleMatcher
     from grammars.narrowed_ahead import warm_narrowed
@@ -99,7 +99,9 @@ def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
 
     compiled = shared_compiler().compile_json_schema(SCHEMA)
     grammar = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key, compiled.budget)
-    tables = grammar.hole_tables()  # fresh memos: only what the grammar made with its tables
+    tables = grammar.hole_tables()  # fresh memos
+    assert not tables.narrowed._memo
+    assert warm_narrowed(grammar, tables) > 0  # within its bound
     made = dict(tables.narrowed._memo)
     size = smollm2_vocabulary().size
     row = torch.zeros((size + 31) // 32, dtype=torch.int32)
