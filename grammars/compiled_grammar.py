@@ -32,7 +32,8 @@ class CompiledGrammar:
     """Index + regex + vocabulary; call ``matcher()`` for a per-request matcher."""
 
     __slots__ = ("index", "regex", "vocabulary", "key", "width", "budget", "_masks", "_sparse", "_single",
-                 "_count", "_budget_masks", "_budget_sparse", "_kept", "nothing_allowed", "approx_bytes", "_holes")
+                 "_count", "_budget_masks", "_budget_sparse", "_kept", "nothing_allowed", "approx_bytes", "_holes",
+                 "_held")
 
     def __init__(
         self, index: TokenIndex, regex: str, vocabulary: TokenVocabulary, key: str,
@@ -58,6 +59,7 @@ class CompiledGrammar:
             empty = torch.empty(0, dtype=torch.int64)  # [0]
         self.nothing_allowed = SparseMask(True, empty, vocabulary.size)  # after EOS
         self._holes: list = []  # [HoleTables] once a matcher is asked for, where the regex has free values
+        self._held: list = [None, 0]  # [the memos' sizes, their bytes] at held_bytes' last count
 
     def __setattr__(self, name, value):
         if name in CompiledGrammar.__slots__ and hasattr(self, name):
@@ -67,15 +69,18 @@ class CompiledGrammar:
     def held_bytes(self) -> int:
         """approx_bytes plus the per-state memos made since (packed rows, budget masks and their id
         lists, those made ahead by warm_budget_cuts included)."""
-        rows = len(self._masks) + sum(mask is not None for mask in list(self._budget_masks.values()))
         holes = self._holes[0].held_bytes() if self._holes else 0
-        counted: set[int] = set()  # a list held under several keys, once
-        lists = self._budget_sparse.held_bytes(counted)
-        for mask in list(self._kept.values()):
-            if id(mask) not in counted:
-                counted.add(id(mask))
-                lists += mask.array.nbytes
-        return self.approx_bytes + 4 * self.width * rows + lists + holes
+        sizes = (len(self._masks), len(self._budget_masks), len(self._budget_sparse), len(self._kept))
+        if self._held[0] != sizes:  # recounted once entries were added (as HoleTables.held_bytes)
+            rows = len(self._masks) + sum(mask is not None for mask in list(self._budget_masks.values()))
+            counted: set[int] = set()  # a list held under several keys, once
+            lists = self._budget_sparse.held_bytes(counted)
+            for mask in list(self._kept.values()):
+                if id(mask) not in counted:
+                    counted.add(id(mask))
+                    lists += mask.array.nbytes
+            self._held[:] = [sizes, 4 * self.width * rows + lists]
+        return self.approx_bytes + self._held[1] + holes
 
     def matcher(self, max_rollback: int = 4096):
         """A fresh per-request matcher at the initial state (a HoleMatcher where the regex has holes

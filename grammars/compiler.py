@@ -141,14 +141,23 @@ class GrammarCompiler:
                 self.stats["disk_hits"] += 1
             index, budget = built
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
-            self._after.later(grammar.warm_budget_cuts, self._after.pause)  # while the engine idles
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
-                self._after.later(warm_narrowed, grammar, grammar.hole_tables(), None, self._after.pause)
+                grammar.hole_tables()
+            self._after.later(self._narrowed_ahead, grammar)
             self._memory_put(key, grammar)
             return grammar
         finally:
             lock.release()
+
+    def _narrowed_ahead(self, grammar: CompiledGrammar) -> None:
+        """In the background, while the engine idles: the grammar's narrowed id lists made ahead
+        (grammars/narrowed_ahead.py), then its bytes counted again, here rather than by the next
+        compile's memory bound, on its request's path."""
+        grammar.warm_budget_cuts(self._after.pause)
+        if grammar.has_holes:
+            warm_narrowed(grammar, grammar.hole_tables(), pause=self._after.pause)
+        grammar.held_bytes()
 
     def cached(self, regex: str) -> CompiledGrammar | None:
         """The grammar of ``regex`` if it is in the memory cache (no compile, no disk read)."""

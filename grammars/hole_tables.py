@@ -54,6 +54,7 @@ class HoleTables:
         self._near: dict[int, int] = {}  # unit state within NEAR bytes of a hole -> how many bytes
         self.exits = value_exits(vocabulary)  # the vocabulary's leaving tokens by value state
         self.narrowed = SecondAsk(self.size)  # (HoleMatcher.state, budget) -> its narrowed SparseMask
+        self._held: tuple = (None, 0)  # (the memos' sizes, held_bytes) at the last count
 
     # -- the unit's side ------------------------------------------------------------------------------
     def hole_after(self, state: int) -> int | None:
@@ -284,7 +285,15 @@ class HoleTables:
 
     def held_bytes(self) -> int:
         """Bytes of the memoised rows and token lists (counted in the grammar's memory bound; a list
-        shared by several entries, once)."""
+        shared by several entries, once). Recounted only once entries were added since the last count
+        (the compiler asks at every compile, for every grammar it keeps): an entry changed in place, such
+        as a second ask's list, counts from the next addition on."""
+        sizes = (len(self._memo), len(self.narrowed))
+        if self._held[0] != sizes:
+            self._held = (sizes, self._count_bytes())
+        return self._held[1]
+
+    def _count_bytes(self) -> int:
         counted: set[int] = set()
         total = self.narrowed.held_bytes(counted)
         for entry in list(self._memo.values()):

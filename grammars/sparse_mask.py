@@ -125,6 +125,9 @@ class SecondAsk:
             got = self._memo[key] = sparse_mask(row(), self.size)
         return got
 
+    def __len__(self) -> int:
+        return len(self._memo)
+
     def put(self, key, direct) -> None:
         """Make ``key``'s SparseMask ahead where ``direct()`` can (its first ask then reads it); else
         leave the key unasked."""

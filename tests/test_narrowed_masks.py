@@ -101,7 +101,9 @@ def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
     grammar = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key, compiled.budget)
     tables = grammar.hole_tables()  # fresh memos
     assert not tables.narrowed._memo
+    held = grammar.held_bytes()
     assert warm_narrowed(grammar, tables) > 0  # within its bound
+    assert grammar.held_bytes() >= held + 100 * len(tables.narrowed)  # counted again once entries were added
     made = dict(tables.narrowed._memo)
     size = smollm2_vocabulary().size
     row = torch.zeros((size + 31) // 32, dtype=torch.int32)
