@@ -28,6 +28,10 @@ pick and is not counted. Four measures over the same steps:
                narrowed masks are made into id lists on their second ask, so here:
                grammars/sparse_mask.py SecondAsk).
   host, later  the replay a third time: what every later request costs.
+  host, ready  as host, cold (--cold-passes fresh compilers, pooled), but each request's grammars have
+               had the engine idle before it decodes: the background has made their narrowed id
+               lists ahead (grammars/narrowed_ahead.py), as for an agent's next turn, whose tools
+               were compiled on an earlier turn and made ready between turns.
 
 As in the engine's step, no garbage collection runs inside a timed step (engine/collector.py: one
 that falls due there runs right after it), and before the replays the process's objects are frozen
@@ -180,10 +184,17 @@ def fresh_host(state: ServerState, cache_dir: str) -> tuple[GrammarCompiler, Ser
                               state.engine, fresh, state.vocabulary)
 
 
+LABELS = ("engine", "host_cold", "host_warm", "host_later", "host_ready")
+
+
 async def replays(state: ServerState, records: list[dict], masker, label: str) -> None:
     for i, record in enumerate(records):
         prepared = await chat.prepare(state, record["body"])
         await prepared.settle()  # every tool unit compiled and attached (untimed)
+        if label == "host_ready":  # the engine idles a while: the background's warm-ups run, then it decodes
+            state.compiler.set_engine_idle(lambda: True)
+            state.compiler.drain()
+            state.compiler.set_engine_idle(lambda: False)
         times, differ = await replay(prepared.request.constraint, record["steps"], record["output"], masker,
                                state.vocabulary.size, i)
         record[label] = record.get(label, []) + times  # the cold passes pool
@@ -192,7 +203,7 @@ async def replays(state: ServerState, records: list[dict], masker, label: str) -
 
 def summarize(records: list[dict]) -> list[dict]:
     table = []
-    for label in ("engine", "host_cold", "host_warm", "host_later"):
+    for label in LABELS:
         for task in ("all", "tools", "json_object", "free_form"):
             rs = [r for r in records if task in ("all", r["task"])]
             values = [t for r in rs for t in (r[label] if label != "engine" else [s[2] for s in r["steps"]])]
@@ -208,7 +219,7 @@ def plot(records: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label in ("engine", "host_cold", "host_warm", "host_later"):
+    for label in LABELS:
         values = sorted(t for r in records for t in (r[label] if label != "engine" else [s[2] for s in r["steps"]]))
         ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=label)
     ax.set_xscale("log"), ax.set_xlabel("µs per masked step (masker + pick)"), ax.set_ylabel("share of steps")
@@ -240,8 +251,9 @@ def main() -> None:
         state.compiler.drain()  # its warm-ups (the engine is idle now) end before the timed replays
         collections, fresh = Collections(), None
         try:
-            for label in ["host_cold"] * args.cold_passes + ["host_warm", "host_later"]:
-                if label == "host_cold":  # a server started afresh: every grammar and the automaton new
+            fresh_passes = ["host_cold"] * args.cold_passes, ["host_ready"] * args.cold_passes
+            for label in fresh_passes[0] + ["host_warm", "host_later"] + fresh_passes[1]:
+                if label in ("host_cold", "host_ready"):  # a server started afresh: every grammar and the automaton new
                     collections.label = None  # its start-up is not a replay
                     if fresh is not None:
                         fresh.close()
