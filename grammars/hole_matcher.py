@@ -298,4 +298,3 @@ class HoleMatcher:
 
     def free_text(self) -> bool:
         return False
-
