@@ -68,7 +68,7 @@ class CompiledGrammar:
 
     def held_bytes(self) -> int:
         """approx_bytes plus the per-state memos made since (packed rows, budget masks and their id
-        lists, those made ahead by warm_budget_cuts included)."""
+        lists, those made ahead by grammars/narrowed_ahead.py included)."""
         holes = self._holes[0].held_bytes() if self._holes else 0
         sizes = (len(self._masks), len(self._budget_masks), len(self._budget_sparse), len(self._kept))
         if self._held[0] != sizes:  # recounted once entries were added (as HoleTables.held_bytes)
@@ -173,24 +173,6 @@ class CompiledGrammar:
             if got is not None:
                 self._kept[key] = got
         return got
-
-    def warm_budget_cuts(self, pause=lambda: None) -> int:
-        """Make ahead ``_budget_ids``' merged id lists of every state at every cut a budget can make of
-        its tokens (a state's distinct successor distances: a few per state, most states none), as
-        their first narrowed visit near the end of a budget would (a merge there cost 50-200 us cold;
-        here 1.7 ms per BFCL unit at p50). GrammarCompiler runs it in the background while the engine
-        idles (an agent's next turn reuses the unit); ``pause()`` runs between states. Returns how many
-        were made."""
-        budget, cursor, made = self.budget, IndexCursor(self.index, 1), len(self._kept)
-        for i, state in enumerate(budget.keys.tolist()):
-            pause()
-            lo, hi, far = budget.odd_off[i], budget.odd_off[i + 1], int(budget.far[i])
-            least = int(budget.distance[i]) - 1  # a limit is never below it (Matcher._budget_mask)
-            cuts = {int(d) for d in budget.odd_dist[lo:hi]} | {int(budget.mode[i]), least}
-            cursor.place(state)
-            for limit in sorted(cut for cut in cuts if least <= cut < far):
-                self._budget_ids(cursor, limit)
-        return len(self._kept) - made
 
     def state_mask(self, guide: IndexCursor) -> torch.Tensor:
         """int32 [width] bitmask of the tokens allowed in ``guide``'s state (memoised)."""

@@ -37,7 +37,7 @@ from grammars.cache_version import UNIT_VERSION
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
-from grammars.narrowed_ahead import warm_narrowed
+from grammars.narrowed_ahead import warm_budget_cuts, warm_narrowed
 from grammars.private_dir import owned_file, private_dir
 from grammars.unit_file import BadEntry, load_unit, save_unit
 from grammars.vocabulary import TokenVocabulary
@@ -154,7 +154,7 @@ class GrammarCompiler:
         """In the background, while the engine idles: the grammar's narrowed id lists made ahead
         (grammars/narrowed_ahead.py), then its bytes counted again, here rather than by the next
         compile's memory bound, on its request's path."""
-        grammar.warm_budget_cuts(self._after.pause)
+        warm_budget_cuts(grammar, self._after.pause)
         if grammar.has_holes:
             warm_narrowed(grammar, grammar.hole_tables(), pause=self._after.pause)
         grammar.held_bytes()

@@ -97,9 +97,8 @@ class HoleMatcher:
         return sparse
 
     def _deep_key(self, budget: int) -> tuple:
-        """_narrowed's key inside a value deeper than EXIT_DEPTH, whatever its depth (SmolLM2 nests objects
-        4-18 deep): no token leaves it, so _fill_budget's mask is the automaton's at max(room, 1) (room < 1
-        and 1 fill the same), less EOS where the unit may not end after the value."""
+        """_narrowed's key deeper than EXIT_DEPTH, whatever the depth (SmolLM2 nests 4-18 deep): no token leaves,
+        so the mask is the automaton's at max(room, 1) (0 fills as 1), less EOS where the unit may not end."""
         tables, value = self.tables, self.value
         after = tables.hole_after(self.hole)
         room = max(budget - self.grammar.min_tokens(after), 1)

@@ -7,14 +7,32 @@ path, 50-250 us cold on SmolLM2, the bulk of the mask time's tail (benchmarks/ma
 with holes has few states (30-140 on mask_bench's grammars), so its narrowed lists, and those of the
 value states whose whole masks HoleTables.prepare() makes, can all be made ahead: 5-30 ms per grammar,
 too long for the compile itself (grammar_bench's cold compile p50 rose 15-20%), so an agent's next turn,
-which reuses the units, is what gains. Units without holes make the merged lists of their budget cuts
-the same way (CompiledGrammar.warm_budget_cuts).
+which reuses the units, is what gains. Every unit makes the merged lists of its budget cuts the same
+way (``warm_budget_cuts``).
 """
 
 from __future__ import annotations
 
 from grammars.hole_matcher import HoleMatcher
 from grammars.hole_tables import _ENDINGS, _STACKS, value_at
+from grammars.unit_index import IndexCursor
+
+
+def warm_budget_cuts(grammar, pause=lambda: None) -> int:
+    """Make ahead CompiledGrammar._budget_ids' merged id lists of every state at every cut a budget can
+    make of its tokens (a state's distinct successor distances: a few per state, most states none), as
+    their first narrowed visit near the end of a budget would (a merge there cost 50-200 us cold; here
+    1.7 ms per BFCL unit at p50); ``pause()`` runs between states. Returns how many were made."""
+    budget, cursor, made = grammar.budget, IndexCursor(grammar.index, 1), len(grammar._kept)
+    for i, state in enumerate(budget.keys.tolist()):
+        pause()
+        lo, hi, far = budget.odd_off[i], budget.odd_off[i + 1], int(budget.far[i])
+        least = int(budget.distance[i]) - 1  # a limit is never below it (Matcher._budget_mask)
+        cuts = {int(d) for d in budget.odd_dist[lo:hi]} | {int(budget.mode[i]), least}
+        cursor.place(state)
+        for limit in sorted(cut for cut in cuts if least <= cut < far):
+            grammar._budget_ids(cursor, limit)
+    return len(grammar._kept) - made
 
 
 def warm_narrowed(grammar, tables, most: int | None = None, pause=lambda: None) -> int:

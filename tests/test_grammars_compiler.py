@@ -186,7 +186,7 @@ def test_background_units_wait_for_the_engines_idle_time_and_needed_ones_do_not(
 
 
 def test_narrowed_lists_are_made_in_the_background_while_the_engine_idles():
-    """CompiledGrammar.warm_budget_cuts, and for a grammar with free-value holes
+    """grammars/narrowed_ahead.py warm_budget_cuts, and for a grammar with free-value holes
     grammars/narrowed_ahead.py warm_narrowed, run after the compile, on the background thread, only
     while the engine has nothing to compute (the compile itself does not wait on them)."""
     engine_busy = threading.Event()

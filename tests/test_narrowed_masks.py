@@ -131,18 +131,19 @@ def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
 
 
 def test_a_units_budget_cuts_are_merged_with_the_grammar(monkeypatch):
-    """CompiledGrammar.warm_budget_cuts (GrammarCompiler runs it with each compile): the merged id lists
-    of every state's budget cuts are made ahead, so a narrowed first ask near a budget's end merges
-    nothing, and each is what fill(row, budget) allows."""
+    """grammars/narrowed_ahead.py warm_budget_cuts (GrammarCompiler runs it after each compile): the
+    merged id lists of every state's budget cuts are made ahead, so a narrowed first ask near a
+    budget's end merges nothing, and each is what fill(row, budget) allows."""
     import grammars.compiled_grammar as compiled_grammar
     import grammars.sparse_mask as sparse_mask_module
+    from grammars.narrowed_ahead import warm_budget_cuts
 
     compiled = shared_compiler().compile_json_schema({"type": "object", "properties": {
         "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}, "unit": {"enum": ["C", "F"]}},
         "required": ["city", "unit"], "additionalProperties": False})
     grammar = compiled_grammar.CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key,
                                                compiled.budget)
-    assert grammar.warm_budget_cuts() > 10
+    assert warm_budget_cuts(grammar) > 10
     held = grammar.held_bytes()
     assert held >= grammar.approx_bytes + sum(mask.array.nbytes for mask in grammar._kept.values())
 
