@@ -9,7 +9,7 @@ The requests are naturalness_bench's (every --stride-th BFCL schema as tools wit
 is what the engine spends on the mask of its one constrained row: the ConstraintMasker call (the
 state's sparse id list or packed-bitmask fill and apply, the budget check included) and the
 mask's part of the pick (engine/sampling.py settle()); the row's own argmax is the unconstrained
-pick and is not counted. Four measures over the same steps:
+pick and is not counted. Five measures over the same steps:
 
   engine       timed in the engine's step, on the CPU right after the model's forward pass (whose
                weights have just streamed through every cache: a CPU server's figure).
