@@ -47,12 +47,11 @@ def warm_narrowed(grammar, tables, most: int | None = None, pause=lambda: None) 
     others = sorted(set(range(grammar.index.n_states)) - set(near))
     for place in [(state,) for state in near] + values + [(state,) for state in others]:
         pause()
+        probe.unit.place(place[0])  # a unit state, or the hole a value state starts at
         if len(place) == 1:
-            probe.unit.place(place[0])
             probe.value, probe.hole = None, -1
             safe = tables.unit_safe(place[0])
         else:
-            probe.unit.place(place[0])
             probe.value, probe.hole = value_at(tables, *place[1:]), place[0]
             safe = tables.value_entry(probe.value, probe.hole)[2] or 0
         least = max(1, probe.min_tokens())  # the engine never leaves fewer: a call opens only where it can close
