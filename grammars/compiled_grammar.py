@@ -171,7 +171,7 @@ class CompiledGrammar:
                 got = allowed_sparse(np.concatenate((ids.astype(np.int64), np.asarray(eos, dtype=np.int64))),
                                      self.vocabulary.size)
             if got is not None:
-                self._kept[key] = got
+                got = self._kept.setdefault(key, got)  # one made meanwhile by another thread is the one read
         return got
 
     def state_mask(self, guide: IndexCursor) -> torch.Tensor:

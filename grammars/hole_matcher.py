@@ -121,10 +121,11 @@ class HoleMatcher:
         automaton = tables.automaton
         own = (automaton.budget_sparse(value._q, value._frame, room)
                if room < automaton.safe_budget(value._q, value._frame) else automaton.entry(value._q, value._frame).sparse)
-        # many budgets keep the same tokens (``own`` lives in the automaton's memos as long as it does); where no
-        # leaving token fits, the mask is ``own``'s alone, shared by the value states and holes that share ``own``
-        key = (("narrowed", value.state, self.hole, id(own), len(fit)) if len(fit)
-               else ("narrowed-own", id(own), self.grammar.is_final(after)))
+        # many budgets keep the same tokens; where no leaving token fits, the mask is ``own``'s alone, shared by the
+        # value states and holes that share ``own``. Keys hold ``own`` itself (hashed by identity), never its address:
+        # a list that two threads made at once is dropped by its memo, and a freed address may name another list
+        key = (("narrowed", value.state, self.hole, own, len(fit)) if len(fit)
+               else ("narrowed-own", own, self.grammar.is_final(after)))
         return tables.kept(key, lambda: self._merged(own, fit, after))
 
     def _merged(self, own: SparseMask | None, fit: np.ndarray, after: int) -> SparseMask | None:
@@ -144,17 +145,17 @@ class HoleMatcher:
         if tables.near_hole(state):
             tokens, least = tables.entering_costs(state)
             fit = tokens[least <= budget - 1]
-        own, start, start_key = self.unit.sparse_mask(budget), None, None
+        own, start = self.unit.sparse_mask(budget), None
         if tables.is_hole(state):
             room = budget - self.grammar.min_tokens(tables.hole_after(state))
             q, frame = automaton.initial("value")
             first = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
                      else automaton.entry(q, frame).sparse)
-            start, start_key = (room < 1, first), (room < 1, id(first))
+            start = (room < 1, first)
         # only a hole's state has an edge for the sentinel (its tokens start with it): elsewhere no merge clears it
         clear = tables.sentinel_ids if start is not None else []
-        # many budgets keep the same tokens; the masks keyed by id live in the grammar's and the automaton's memos
-        return tables.kept(("narrowed", state, id(own), len(fit), start_key),
+        # many budgets keep the same tokens; the key holds the masks it names (see _budget_ids)
+        return tables.kept(("narrowed", state, own, len(fit), start),
                            lambda: self._unit_merged(own, fit, start, clear))
 
     def _unit_merged(self, own: SparseMask | None, fit: np.ndarray, start: tuple | None, clear) -> SparseMask | None:

@@ -221,9 +221,10 @@ class HoleTables:
         return self._memo[key]
 
     def kept(self, key: tuple, make):
-        """The memo's entry at ``key``, made by ``make()`` on its first ask."""
+        """The memo's entry at ``key``, made by ``make()`` on its first ask (one made meanwhile by another
+        thread is the one kept and read)."""
         if key not in self._memo:
-            self._memo[key] = make()
+            self._memo.setdefault(key, make())
         return self._memo[key]
 
     def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:

@@ -273,8 +273,8 @@ class JsonValueAutomaton:
         entry = self.entry(q, frame)
         keep = tuple(delta <= slack for delta in self._costs_of(q, frame)[1])
         chosen = (id(entry), keep)  # many keys keep the same chunks of one entry
-        if chosen not in self._kept:
-            self._kept[chosen] = self._kept_ids(q, entry, keep)
+        if chosen not in self._kept:  # one made meanwhile by another thread is the one kept and read
+            self._kept.setdefault(chosen, self._kept_ids(q, entry, keep))
         return self._kept[chosen]
 
     def _kept_ids(self, q: int, entry: Entry, keep: tuple[bool, ...]) -> SparseMask | None:

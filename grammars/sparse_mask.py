@@ -34,6 +34,7 @@ from grammars.budget import ALLOWED_MAX, DISALLOWED_MAX  # noqa: F401 - the rule
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)  # bfloat16: torch's ops
 _BUFFERS: dict[tuple, torch.Tensor] = {}
 _LOCK = threading.Lock()
+_MEMO_LOCK = threading.Lock()  # SecondAsk's writes after a build: one object per key, whichever thread made it
 
 
 class SparseMask:
@@ -102,8 +103,8 @@ class SecondAsk:
     packed apply and never pays for the conversion (20-40 us); one asked again (the same state and
     budget in a later request, or a row shared by many states) is masked from its id list from then
     on. Where the caller can make the id list without a row (``get``'s ``direct``: merged from
-    memoised lists, below), the first ask gets it. Shared by a grammar's requests; a race builds one
-    twice, the same."""
+    memoised lists, below), the first ask gets it. Shared by a grammar's requests and the compiler's
+    background thread; a race builds one twice, the same, and both callers read the one kept."""
 
     __slots__ = ("size", "_memo")
 
@@ -119,10 +120,14 @@ class SecondAsk:
         got = self._memo.get(key, _UNASKED)
         if got is _UNASKED:
             got = None if direct is None else direct()
-            self._memo[key] = _ASKED if got is None else got
-            return got
+            held = self._memo.setdefault(key, _ASKED if got is None else got)  # one made meanwhile is read
+            return got if held is _ASKED else held
         if got is _ASKED:
-            got = self._memo[key] = sparse_mask(row(), self.size)
+            made = sparse_mask(row(), self.size)
+            with _MEMO_LOCK:  # where another thread made it meanwhile, both read one object (keys hold masks)
+                got = self._memo[key]
+                if got is _ASKED:
+                    got = self._memo[key] = made
         return got
 
     def __len__(self) -> int:
@@ -134,7 +139,9 @@ class SecondAsk:
         if key not in self._memo:
             got = direct()
             if got is not None:
-                self._memo[key] = got
+                with _MEMO_LOCK:  # an ask made meanwhile keeps what it read
+                    if self._memo.get(key, _ASKED) is _ASKED:
+                        self._memo[key] = got
 
     def held_bytes(self, counted: set | None = None) -> int:
         """Bytes held: ~100 per key asked, and each id list once (many keys share one; ``counted``: the

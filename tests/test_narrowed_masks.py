@@ -38,6 +38,28 @@ def test_second_ask_builds_the_sparse_form_once_on_the_second_ask():
     assert memo.held_bytes(counted) == 200
 
 
+
+def test_a_mask_two_threads_make_at_once_is_one_object_to_both():
+    """The compiler's background thread asks the memos the engine asks (grammars/narrowed_ahead.py). Where
+    both make one key's mask at once, both read the one kept: masks are named by the objects themselves in
+    other memos' keys, and a copy dropped by its memo must not be handed out."""
+    size = smollm2_vocabulary().size
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    row[0] = 0b1010
+    memo, other = SecondAsk(size), []
+    assert memo.get("k", lambda: row) is None  # the first ask
+
+    def racing_row():  # the other thread's second ask completes while this one builds
+        if not other:
+            other.append(memo.get("k", lambda: row))
+        return row
+    got = memo.get("k", racing_row)
+    assert got is other[0] and memo.get("k", lambda: row) is got
+    made = sparse_mask(row, size)
+    fresh = SecondAsk(size)
+    first = fresh.get("j", lambda: row, lambda: (fresh.put("j", lambda: made), sparse_mask(row, size))[1])
+    assert first is made and fresh.get("j", lambda: row) is made  # a list put meanwhile is the one read
+
 def _constraints():
     """(name, fresh constraint, the token ids of a valid text for it)."""
     tokenizer, compiler = smollm2_tokenizer(), shared_compiler()
