@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from contextlib import contextmanager, nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -42,13 +44,17 @@ def cluster():
         yield router, urls
 
 
+def gauge(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=1800).text.splitlines():
+        if line.startswith(name):
+            return float(line.split()[-1])
+    raise KeyError(f"{name} not in /metrics")
+
+
 def looked_up(url: str) -> float:
     """Prompt tokens this replica has looked up in its prefix cache: grows by a request's prompt
     (all of it, or all but its last token) on the replica that serves it."""
-    for line in httpx.get(f"{url}/metrics", timeout=1800).text.splitlines():
-        if line.startswith("vllm:prefix_cache_queries_total"):
-            return float(line.split()[-1])
-    raise KeyError("vllm:prefix_cache_queries_total not in /metrics")
+    return gauge(url, "vllm:prefix_cache_queries_total")
 
 
 def chat(base: str, body: dict) -> dict:
@@ -57,22 +63,44 @@ def chat(base: str, body: dict) -> dict:
     return reply.json()
 
 
+@contextmanager
+def held(router: str, urls: list[str], messages: list[dict]):
+    """A request with the given messages kept in flight through the router until the block ends
+    (it writes tokens past its end of text, and its client hangs up at the end).
+
+    cache_aware counts a replica's requests in flight only once it has chosen it, so two new sessions
+    that reach it at the same instant can both see two idle replicas and go to the first. A session
+    whose first turn is held in flight when the next new session arrives is one the router has
+    counted: the newcomer goes to the other replica."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    before = sum(looked_up(u) for u in urls)
+    with httpx.stream("POST", f"{router}/v1/chat/completions", json=body, timeout=1800) as reply:
+        assert reply.status_code == 200  # on a replica now, so counted by the router
+        while sum(looked_up(u) for u in urls) == before:
+            time.sleep(0.2)  # its prompt looked up, so it adds nothing to the turn's measures
+        yield
+    while sum(gauge(u, "vllm:num_requests_running") + gauge(u, "vllm:num_requests_waiting") for u in urls):
+        time.sleep(0.2)  # the hang-up reaches the replica, which cancels it
+
+
 def test_sessions_spread_over_both_replicas_then_stay_and_hit_its_cache(cluster):
     """The agents send their turns side by side, as concurrent agents do: cache_aware sends a
     session it has not seen to the least loaded replica, and its later turns, whose text starts
-    with what it already sent there, to that same replica."""
+    with what it already sent there, to that same replica. The first turn is sent while a twin of
+    the first agent's is held in flight (see `held`)."""
     router, urls = cluster
     history = {name: [{"role": "system", "content": system}] for name, system in AGENTS.items()}
     where: dict[str, list[int]] = {name: [] for name in AGENTS}
     cached: dict[str, list[int]] = {name: [] for name in AGENTS}
-    for question in QUESTIONS:
-        before = [looked_up(u) for u in urls]
+    for turn, question in enumerate(QUESTIONS):
         for name in AGENTS:
             history[name].append({"role": "user", "content": question})
-        with ThreadPoolExecutor(len(AGENTS)) as pool:
-            answers = dict(zip(AGENTS, pool.map(lambda name: chat(router, {
-                "model": MODEL, "messages": history[name], "max_tokens": 6, "temperature": 0}), AGENTS)))
-        grew = [looked_up(u) - b for u, b in zip(urls, before)]
+        with held(router, urls, history[next(iter(AGENTS))]) if turn == 0 else nullcontext():
+            before = [looked_up(u) for u in urls]
+            with ThreadPoolExecutor(len(AGENTS)) as pool:
+                answers = dict(zip(AGENTS, pool.map(lambda name: chat(router, {
+                    "model": MODEL, "messages": history[name], "max_tokens": 6, "temperature": 0}), AGENTS)))
+            grew = [looked_up(u) - b for u, b in zip(urls, before)]
         for name, answer in answers.items():
             prompt = answer["usage"]["prompt_tokens"]
             served = [i for i, g in enumerate(grew) if g in (prompt, prompt - 1)]
