@@ -2,8 +2,9 @@
 warming its hole tables' masks), on one thread of its own.
 
 Warm-ups pause between masks while the engine computes (``pause``): its Python between torch ops
-needs the GIL, and decoding beside them would share it. ``close`` finishes what is queued (disk
-writes: a fresh compiler may read them next) but stops warm-ups at their next pause.
+needs the GIL, and decoding beside them would share it. A disk write (~2 ms of np.savez's Python a
+unit) waits for the engine's idle time too (``wait_idle``). ``close`` finishes what is queued (disk
+writes, at once: a fresh compiler may read them next) but stops warm-ups at their next pause.
 """
 
 from __future__ import annotations
@@ -42,11 +43,15 @@ class Background:
         except RuntimeError:  # closed meanwhile: the disk write or warm-up is skipped
             pass
 
+    def wait_idle(self) -> None:
+        """Wait while the engine computes (not once closing)."""
+        while not self._engine_idle() and not self._closing.is_set():
+            time.sleep(0.005)
+
     def pause(self) -> None:
         """Between two pieces of a warm-up: wait while the engine computes, then let it take the GIL
         first; _Closed once closing."""
-        while not self._engine_idle() and not self._closing.is_set():
-            time.sleep(0.005)
+        self.wait_idle()
         if self._closing.is_set():
             raise _Closed
         time.sleep(0)

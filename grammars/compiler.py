@@ -349,6 +349,7 @@ class GrammarCompiler:
         path = self._disk_path(key)
         if path is None:
             return
+        self._after.wait_idle()  # its Python would share the GIL with a decoding engine's
         try:
             save_unit(path, key, CACHE_VERSION, *built)
         except OSError as exc:

@@ -201,3 +201,31 @@ def test_narrowed_lists_are_made_in_the_background_while_the_engine_idles():
         engine_busy.clear()
         compiler.drain()
         assert len(grammar._kept) > 5 and len(holes.hole_tables().narrowed._memo) > 50
+
+
+def test_a_units_disk_write_waits_for_the_engines_idle_time_and_close_makes_it(tmp_path):
+    """The disk write (np.savez's Python, ~2 ms a unit) runs on the background thread only while the
+    engine has nothing to compute; closing the compiler writes what waits at once."""
+    asked, engine_busy = threading.Event(), threading.Event()
+    engine_busy.set()
+
+    def idle():
+        if threading.current_thread().name.startswith("maskd-after"):
+            asked.set()  # the write's first ask comes before anything else the background does
+        return not engine_busy.is_set()
+
+    for close_busy in (False, True):
+        cache = tmp_path / str(close_busy)
+        asked.clear()
+        engine_busy.set()
+        with GrammarCompiler(smollm2_vocabulary(), cache_dir=str(cache)) as compiler:
+            compiler.set_engine_idle(idle)
+            grammar = compiler.compile_regex("[0-9]{1,3}")
+            path = compiler._disk_path(grammar.key)
+            assert asked.wait(timeout=1800)
+            assert not os.path.exists(path)  # it waits while the engine computes
+            if not close_busy:
+                engine_busy.clear()
+                compiler.drain()
+                assert os.path.exists(path)
+        assert os.path.exists(path)
