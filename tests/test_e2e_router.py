@@ -44,7 +44,7 @@ def cluster():
         yield router, urls
 
 
-def gauge(url: str, name: str) -> float:
+def metric(url: str, name: str) -> float:
     for line in httpx.get(f"{url}/metrics", timeout=1800).text.splitlines():
         if line.startswith(name):
             return float(line.split()[-1])
@@ -54,7 +54,7 @@ def gauge(url: str, name: str) -> float:
 def looked_up(url: str) -> float:
     """Prompt tokens this replica has looked up in its prefix cache: grows by a request's prompt
     (all of it, or all but its last token) on the replica that serves it."""
-    return gauge(url, "vllm:prefix_cache_queries_total")
+    return metric(url, "vllm:prefix_cache_queries_total")
 
 
 def chat(base: str, body: dict) -> dict:
@@ -79,7 +79,7 @@ def held(router: str, urls: list[str], messages: list[dict]):
         while sum(looked_up(u) for u in urls) == before:
             time.sleep(0.2)  # its prompt looked up, so it adds nothing to the turn's measures
         yield
-    while sum(gauge(u, "vllm:num_requests_running") + gauge(u, "vllm:num_requests_waiting") for u in urls):
+    while sum(metric(u, "vllm:num_requests_running") + metric(u, "vllm:num_requests_waiting") for u in urls):
         time.sleep(0.2)  # the hang-up reaches the replica, which cancels it
 
 
