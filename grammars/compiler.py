@@ -2,8 +2,8 @@
 
 Cache key: sha256 of CACHE_VERSION (the versions of outlines-core, interegular and numpy, and of
 maskd's code that builds a unit: grammars/cache_version.py), the vocabulary fingerprint and the
-regex.  The memory cache is an LRU of CompiledGrammar objects bounded in entries and in bytes (a
-hit is a dict lookup, ~1 us; over 160 MaskBench schemas a grammar holds ~140 KB at p50 and up to
+regex.  The memory cache is an LRU of CompiledGrammar objects bounded in entries and in bytes
+(grammars/grammar_memory.py; over 160 MaskBench schemas a grammar holds ~140 KB at p50 and up to
 ~27 MB, MCP schemas with many URI strings); the disk cache, in a folder of this user's alone
 (private_dir.py), holds each unit's TokenIndex and BudgetTable as plain arrays, never a pickle
 (``<cache_dir>/<key>.unit.npz``, grammars/unit_file.py).
@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import hashlib
 import json
-import logging
 import os
 import pickle
 import threading
@@ -37,13 +36,12 @@ from grammars.cache_version import UNIT_VERSION
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
+from grammars.grammar_memory import FailureMemory, GrammarLRU
 from grammars.narrowed_ahead import warm_budget_cuts, warm_narrowed
-from grammars.private_dir import owned_file, private_dir
-from grammars.unit_file import BadEntry, load_unit, save_unit
+from grammars.private_dir import private_dir
+from grammars.unit_file import UnitFolder
 from grammars.vocabulary import TokenVocabulary
 from grammars.worker_turns import BACKGROUND, NEEDED, NOW, SCHEMA, WorkerTurns
-
-log = logging.getLogger("maskd.grammars")
 
 
 def default_workers() -> int:
@@ -51,8 +49,6 @@ def default_workers() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores)
 
-
-FAILURE_MEMORY_S = 60.0  # how long a failed compile is answered from memory, not tried again
 
 # What shapes a cached unit besides its regex and vocabulary (grammars/cache_version.py).
 CACHE_VERSION = UNIT_VERSION
@@ -78,13 +74,11 @@ class GrammarCompiler:
         self.cache_dir = cache_dir
         self.timeout_s = timeout_s
         self.lru_size = lru_size
-        self.lru_bytes = lru_bytes  # grammars hold ~100 KB to tens of MB: count bytes, not entries
-        self._lru_held = 0
+        self._lru = GrammarLRU(lru_size, lru_bytes)
         self.ignore_keywords = tuple(ignore_keywords)
         self.free_values = free_values  # free-form values as holes for the JSON-value automaton
         self._json = None  # the JSON-value automaton, once asked for
-        self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
-        self._failed: OrderedDict[str, tuple[GrammarError, float]] = OrderedDict()  # key -> (why, when)
+        self._failed = FailureMemory(lru_size)
         self._schema_regex: OrderedDict[tuple, str] = OrderedDict()  # (schema, ignored, free values) -> regex
         self._lock = threading.Lock()
         self._inflight: dict[str, threading.Lock] = {}
@@ -100,8 +94,9 @@ class GrammarCompiler:
         self._pool = WorkerTurns(self._workers)
         if cache_dir and not private_dir(cache_dir):
             self.cache_dir = None
-        self.stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "timeouts": 0, "compile_seconds": 0.0,
-                      "json_automaton_seconds": 0.0}
+        self._disk = UnitFolder(self.cache_dir, vocabulary.size, CACHE_VERSION)
+        self._counts = {"disk_hits": 0, "compiles": 0, "timeouts": 0, "compile_seconds": 0.0,
+                        "json_automaton_seconds": 0.0}
 
     # -- public API ---------------------------------------------------------------------
 
@@ -109,10 +104,10 @@ class GrammarCompiler:
         """CompiledGrammar for ``regex`` (cached); raises CompileTimeout if its compile takes longer
         than the limit. ``priority``: its turn for a worker (grammars/worker_turns.py)."""
         key = self._key(regex)
-        hit = self._memory_get(key)
+        hit = self._lru.get(key)
         if hit is not None:
             return hit
-        failed = self._failure(key)
+        failed = self._failed.get(key)
         if failed is not None:  # it failed a moment ago (past the limit, or refused): it would again
             raise failed
         lock = self._key_lock(key)
@@ -120,32 +115,31 @@ class GrammarCompiler:
             self._pool.prefer(key, priority)  # ... perhaps in the background: this one waits on it
             lock.acquire()
         try:  # one compile per key even under concurrent requests
-            hit = self._memory_get(key)
+            hit = self._lru.get(key)
             if hit is not None:
                 return hit
-            failed = self._failure(key)
+            failed = self._failed.get(key)
             if failed is not None:
                 raise failed
-            built = self._disk_get(key)
+            built = self._disk.get(key)
             if built is None:
                 try:
                     built = self._build(regex, key, priority)
                 except GrammarError as exc:  # remembered, so that a request retrying it fails at once
-                    with self._lock:
-                        self._failed[key] = (exc, time.monotonic())
-                        while len(self._failed) > self.lru_size:
-                            self._failed.popitem(last=False)
+                    self._failed.put(key, exc)
                     raise
                 self._after.later(self._disk_put, key, built)
             else:
-                self.stats["disk_hits"] += 1
+                self._counts["disk_hits"] += 1
             index, budget = built
             grammar = CompiledGrammar(index, regex, self.vocabulary, key, budget)
             if grammar.has_holes:  # the free values' tables, here rather than at the first token
                 self.json_automaton()
                 grammar.hole_tables()
             self._after.later(self._narrowed_ahead, grammar)
-            self._memory_put(key, grammar)
+            self._lru.put(key, grammar)
+            with self._lock:
+                self._inflight.pop(key, None)
             return grammar
         finally:
             lock.release()
@@ -161,14 +155,14 @@ class GrammarCompiler:
 
     def cached(self, regex: str) -> CompiledGrammar | None:
         """The grammar of ``regex`` if it is in the memory cache (no compile, no disk read)."""
-        return self._memory_get(self._key(regex))
+        return self._lru.get(self._key(regex))
 
     def submit_regex(self, regex: str, background: bool = False) -> concurrent.futures.Future:
         """A future of compile_regex(regex): done at once on a memory hit, else compiled in the pool.
         ``background``: no request waits on it yet: it compiles while the engine is idle, unless
         ``prefer`` moves it up."""
         hit = self.cached(regex)
-        failed = self._failure(self._key(regex)) if hit is None else None
+        failed = self._failed.get(self._key(regex)) if hit is None else None
         if hit is not None or failed is not None:
             future: concurrent.futures.Future = concurrent.futures.Future()
             if failed is None:
@@ -231,7 +225,7 @@ class GrammarCompiler:
         if self._json is None:
             started = time.perf_counter()
             self._json = json_value_automaton(self.vocabulary, cache_dir=self.cache_dir)
-            self.stats["json_automaton_seconds"] = time.perf_counter() - started
+            self._counts["json_automaton_seconds"] = time.perf_counter() - started
             # its masks and the holes' exits, while the engine idles
             self._after.later(warm_json, self._json, self.vocabulary, self._after.pause)
         return self._json
@@ -248,7 +242,6 @@ class GrammarCompiler:
 
     async def compile_json_schema_async(self, schema: dict | str) -> CompiledGrammar:
         return await asyncio.to_thread(self.compile_json_schema, schema)
-
 
     def close(self) -> None:
         """Stop the worker processes (after the disk writes queued; warm-ups stop)."""
@@ -269,12 +262,12 @@ class GrammarCompiler:
         worker = self._pool.take(priority, key=key)
         started = time.perf_counter()
         try:
-            self.stats["compiles"] += 1
+            self._counts["compiles"] += 1
             return worker.build(regex, self.timeout_s, with_table=True)
         except CompileTimeout as e:
             self._timed_out(e)
         finally:
-            self.stats["compile_seconds"] += time.perf_counter() - started
+            self._counts["compile_seconds"] += time.perf_counter() - started
             worker.start()  # respawn at once if the compile killed it
             self._pool.give(worker)
 
@@ -282,75 +275,25 @@ class GrammarCompiler:
         """Wait until the background work queued so far (disk writes, warm-ups) is done."""
         self._after.drain()
 
-    def _failure(self, key: str) -> GrammarError | None:
-        """Why the compile of ``key`` failed, if it did within FAILURE_MEMORY_S (a limit hit on a
-        machine busy for a while, or a worker lost, is tried again after that)."""
-        with self._lock:
-            entry = self._failed.get(key)
-            if entry is not None and time.monotonic() - entry[1] > FAILURE_MEMORY_S:
-                del self._failed[key]
-                entry = None
-        return None if entry is None else entry[0]
-
     def _timed_out(self, error: CompileTimeout):
-        self.stats["timeouts"] += 1
+        self._counts["timeouts"] += 1
         raise error from None
 
     def _key_lock(self, key: str) -> threading.Lock:
         with self._lock:
             return self._inflight.setdefault(key, threading.Lock())
 
-    def _memory_get(self, key: str) -> CompiledGrammar | None:
-        with self._lock:
-            grammar = self._lru.get(key)
-            if grammar is not None:
-                self._lru.move_to_end(key)
-                self.stats["memory_hits"] += 1
-            return grammar
-
-    def _memory_put(self, key: str, grammar: CompiledGrammar) -> None:
-        """Keeps at most ``lru_size`` grammars and ``lru_bytes`` (held_bytes: the index, its tables and
-        the per-state masks memoised so far) but always the newest."""
-        with self._lock:
-            self._lru.pop(key, None)
-            self._lru[key] = grammar
-            held = [g.held_bytes() for g in self._lru.values()]
-            total, dropped = sum(held), 0
-            while len(self._lru) > 1 and (len(self._lru) > self.lru_size or total > self.lru_bytes):
-                self._lru.popitem(last=False)
-                total -= held[dropped]
-                dropped += 1
-            self._lru_held = total
-            self._inflight.pop(key, None)
+    @property
+    def stats(self) -> dict:
+        """Counts: hits by tier, compiles, timeouts, and seconds spent compiling (for /metrics)."""
+        return {"memory_hits": self._lru.hits, **self._counts}
 
     def memory_report(self) -> dict:
         """Grammars in memory and the bytes they hold now (for /metrics)."""
-        with self._lock:
-            grammars = list(self._lru.values())
-        return {"grammars": len(grammars), "bytes": sum(g.held_bytes() for g in grammars),
-                "budget_bytes": self.lru_bytes, "workers": len(self._workers)}
-
-    def _disk_path(self, key: str) -> str | None:
-        return os.path.join(self.cache_dir, f"{key}.unit.npz") if self.cache_dir else None
-
-    def _disk_get(self, key: str):
-        """(Index, BudgetTable) from the disk cache, or None: absent, not ours, or not a good entry
-        for this key (then it is rebuilt and overwritten)."""
-        path = self._disk_path(key)
-        if path is None or not owned_file(path):
-            return None
-        try:
-            return load_unit(path, key, self.vocabulary.size)
-        except (OSError, BadEntry) as exc:
-            log.warning("grammar cache entry %s is not usable (%s); rebuilding it", path, exc)
-            return None
+        return {**self._lru.report(), "workers": len(self._workers)}
 
     def _disk_put(self, key: str, built) -> None:
-        path = self._disk_path(key)
-        if path is None:
+        if self._disk.folder is None:
             return
         self._after.wait_idle()  # its Python would share the GIL with a decoding engine's
-        try:
-            save_unit(path, key, CACHE_VERSION, *built)
-        except OSError as exc:
-            log.warning("could not write %s (%s); the unit stays in memory only", path, exc)
+        self._disk.put(key, built)

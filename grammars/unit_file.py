@@ -17,13 +17,17 @@ guarantees is that reading an entry, planted or not, never runs code.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 
 import numpy as np
 
 from grammars.budget import ALLOWED, BANNED, NONE, BudgetTable
+from grammars.private_dir import owned_file
 from grammars.unit_index import TokenIndex
+
+log = logging.getLogger("maskd.grammars")
 
 FORMAT = "maskd-unit-npz-2"
 _TABLE = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist")
@@ -32,6 +36,38 @@ _INDEX = ("final", "loop", "off", "tok", "nxt")
 
 class BadEntry(ValueError):
     """A cache entry that is not one this maskd wrote for this key."""
+
+
+class UnitFolder:
+    """The compiler's disk cache: ``<folder>/<key>.unit.npz`` per unit, in a folder of this user's alone
+    (private_dir.py; ``folder`` None: no disk cache). ``versions``: what shaped the entries it writes."""
+
+    def __init__(self, folder: str | None, vocab_size: int, versions: str) -> None:
+        self.folder, self.vocab_size, self.versions = folder, vocab_size, versions
+
+    def path(self, key: str) -> str | None:
+        return os.path.join(self.folder, f"{key}.unit.npz") if self.folder else None
+
+    def get(self, key: str) -> tuple[TokenIndex, BudgetTable] | None:
+        """The unit of ``key``, or None: absent, not ours, or not a good entry for this key (then the
+        caller rebuilds it, and its write replaces the entry)."""
+        path = self.path(key)
+        if path is None or not owned_file(path):
+            return None
+        try:
+            return load_unit(path, key, self.vocab_size)
+        except (OSError, BadEntry) as exc:
+            log.warning("grammar cache entry %s is not usable (%s); rebuilding it", path, exc)
+            return None
+
+    def put(self, key: str, built: tuple[TokenIndex, BudgetTable]) -> None:
+        path = self.path(key)
+        if path is None:
+            return
+        try:
+            save_unit(path, key, self.versions, *built)
+        except OSError as exc:
+            log.warning("could not write %s (%s); the unit stays in memory only", path, exc)
 
 
 def save_unit(path: str, key: str, versions: str, index: TokenIndex, table: BudgetTable) -> None:

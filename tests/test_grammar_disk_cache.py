@@ -42,7 +42,7 @@ def _reference(regex: str):
 def test_a_planted_entry_is_never_unpickled_and_the_grammar_is_rebuilt(tmp_path):
     cache, marker = tmp_path / "cache", tmp_path / "ran"
     with _compiler(cache) as compiler:
-        path = compiler._disk_path(compiler._key(REGEX))  # where this key's entry is read from
+        path = compiler._disk.path(compiler._key(REGEX))  # where this key's entry is read from
         with open(path, "wb") as f:
             pickle.dump(_Planted(str(marker)), f)
         grammar = compiler.compile_regex(REGEX)
@@ -65,13 +65,13 @@ def test_an_entry_of_another_version_or_key_is_not_read_even_under_this_name(tmp
     monkeypatch.setattr(compiler_module, "CACHE_VERSION", "an older maskd")
     with _compiler(cache) as old:
         old.compile_regex(REGEX)
-        old_path = old._disk_path(old._key(REGEX))
+        old_path = old._disk.path(old._key(REGEX))
     monkeypatch.undo()
     with _compiler(cache) as current:
-        path = current._disk_path(current._key(REGEX))
+        path = current._disk.path(current._key(REGEX))
         assert path != old_path  # the version is in the key: another file
         shutil.copy(old_path, path)  # ... and copied under this key's name, it is still not read
-        shutil.copy(old_path, current._disk_path(current._key(OTHER)))  # nor as another regex's entry
+        shutil.copy(old_path, current._disk.path(current._key(OTHER)))  # nor as another regex's entry
         assert current.compile_regex(REGEX).index.get_transitions() == _reference(REGEX)
         assert current.compile_regex(OTHER).index.get_transitions() == _reference(OTHER)
         assert current.stats["disk_hits"] == 0 and current.stats["compiles"] == 2
@@ -90,7 +90,7 @@ def test_a_good_entry_round_trips_as_plain_arrays_and_a_damaged_one_is_rebuilt(t
     cache = tmp_path / "cache"
     with _compiler(cache) as compiler:
         first = compiler.compile_regex(REGEX)
-        path = compiler._disk_path(first.key)
+        path = compiler._disk.path(first.key)
     with np.load(path, allow_pickle=False) as data:  # plain arrays: no pickle anywhere in the file
         arrays = {name: data[name] for name in data.files}
     with _compiler(cache) as fresh:

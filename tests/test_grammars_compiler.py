@@ -11,7 +11,7 @@ import time
 import pytest
 
 from grammar_fixtures import smollm2_vocabulary
-from grammars import compiler as compiler_module
+from grammars import grammar_memory
 from grammars import CompileTimeout, GrammarCompiler, GrammarError, UnsupportedSchemaError, schema_to_regex
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
@@ -81,7 +81,7 @@ def test_timeout_does_not_block_caller(monkeypatch):
         assert isinstance(compiler.submit_regex(PATHOLOGICAL).exception(timeout=0), CompileTimeout)
         assert compiler.stats["compiles"] == compiles
         compiler.timeout_s = 0.05
-        monkeypatch.setattr(compiler_module, "FAILURE_MEMORY_S", 0.0)  # remembered a while, then tried again
+        monkeypatch.setattr(grammar_memory, "FAILURE_MEMORY_S", 0.0)  # remembered a while, then tried again
         with pytest.raises(CompileTimeout):
             compiler.compile_regex(PATHOLOGICAL)
         assert compiler.stats["compiles"] == compiles + 1
@@ -221,7 +221,7 @@ def test_a_units_disk_write_waits_for_the_engines_idle_time_and_close_makes_it(t
         with GrammarCompiler(smollm2_vocabulary(), cache_dir=str(cache)) as compiler:
             compiler.set_engine_idle(idle)
             grammar = compiler.compile_regex("[0-9]{1,3}")
-            path = compiler._disk_path(grammar.key)
+            path = compiler._disk.path(grammar.key)
             assert asked.wait(timeout=1800)
             assert not os.path.exists(path)  # it waits while the engine computes
             if not close_busy:
