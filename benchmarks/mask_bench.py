@@ -26,7 +26,7 @@ pick and is not counted. Five measures over the same steps:
                pooled: one pass's p99 is its ninth-worst step or so, and this machine's speed swings.
   host, warm   the same replay again: the second request, whose states are memoised (budget-
                narrowed masks are made into id lists on their second ask, so here:
-               grammars/sparse_mask.py SecondAsk).
+               grammars/second_ask.py).
   host, later  the replay a third time: what every later request costs.
   host, ready  as host, cold (--cold-passes fresh compilers, pooled), but each request's grammars have
                had the engine idle before it decodes: the background has made their narrowed id

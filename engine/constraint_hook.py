@@ -18,7 +18,7 @@ class ConstraintMasker:
     ToolCallConstraint have one: the tokens ``fill(row, budget)`` would allow, or None) is masked
     from that short id list (8-17 us on a 49k vocabulary) and never filled; the other constrained
     rows (a budget narrows their mask and that narrowed mask is asked for the first time:
-    grammars/sparse_mask.py SecondAsk; or both its sides are long) are filled, and each float32 row
+    grammars/second_ask.py; or both its sides are long) are filled, and each float32 row
     is masked by a C loop over its clear bits (grammars/_mask_row.c; torch's packed apply took
     100-400 us there in real generations).  A greedy row without logprobs is
     not written at all: the call returns {row: its SparseMask} and sample() picks the argmax under

@@ -20,7 +20,8 @@ import torch
 from grammars.budget import ALLOWED, NONE, BudgetTable, build_budget_table
 from grammars.free_values import HOLE_REGEX
 from grammars.plain_tokens import plain_tokens
-from grammars.sparse_mask import SecondAsk, SparseMask, allowed_sparse, changed, sparse_mask
+from grammars.second_ask import SecondAsk
+from grammars.sparse_mask import SparseMask, allowed_sparse, changed, sparse_mask
 from grammars.unit_index import IndexCursor, TokenIndex
 from grammars.vocabulary import TokenVocabulary
 
@@ -146,7 +147,7 @@ class CompiledGrammar:
 
     def budget_sparse(self, guide: IndexCursor, limit: int) -> SparseMask | None:
         """budget_mask(guide, limit) as a SparseMask: on the first ask where made from id lists
-        (``_budget_ids``), else from the second ask on (grammars/sparse_mask.py SecondAsk); None on
+        (``_budget_ids``), else from the second ask on (grammars/second_ask.py); None on
         that first ask and where both sides are long. Only where the limit narrows the
         mask (budget_mask is not None)."""
         key = (guide.get_state(), limit)

@@ -25,7 +25,8 @@ from grammars.hole_bytes import bytes_view
 from grammars.json_value_lexer import (AFTER, ARRAY, ARRAY_FIRST, FIRST_BYTES, K_BODY, L_E, L_L, N_EXP_DIGITS, N_FRAC,
                                        N_INT, N_ZERO, OBJECT, OBJECT_FIRST, S_BODY, VALUE)
 from grammars.json_value_matcher import JsonValueMatcher
-from grammars.sparse_mask import SecondAsk, SparseMask, changed, sparse_mask
+from grammars.second_ask import SecondAsk
+from grammars.sparse_mask import SparseMask, changed, sparse_mask
 from grammars.value_exits import EXIT_DEPTH, NEAR, run, value_exits, walk
 
 HOLE_BYTE = HOLE.encode()[0]

@@ -29,11 +29,10 @@ import torch
 from grammars.bitmask import words_on
 from grammars.budget import ALLOWED_MAX, DISALLOWED_MAX, NEVER_NARROWED
 from grammars.json_value_distance import INF, JsonValueDistance
-from grammars.json_value_lexer import ARRAY, COMPLETE, MAX_DEPTH, NUM_STATES, OBJECT, TOP_OBJECT, VALUE, scan
+from grammars.json_value_lexer import COMPLETE, MAX_DEPTH, NUM_STATES, TOP_OBJECT, VALUE, scan
 from grammars.json_value_tables import JsonValueTables
-from grammars.sparse_mask import SecondAsk, SparseMask, allowed_sparse, changed, sparse_mask
-
-WARM_REPEATED = 24  # warm(): stacks of one container type repeated up to this deep (models nest `{"type":` keys)
+from grammars.second_ask import SecondAsk
+from grammars.sparse_mask import SparseMask, allowed_sparse, changed, sparse_mask
 
 
 class Frame:
@@ -161,26 +160,6 @@ class JsonValueAutomaton:
             got = self._entries.setdefault(key, self._make_entry(q, frame, room))
         return got
 
-    def warm(self, pause=lambda: None) -> None:
-        """Made ahead, as their first use would make them: every entry (a stack at most max_read deep
-        holds every key), and the budget costs and budget-narrowed id lists of every stack at most
-        max_read + max_pops + 1 deep (their keys read that many profiles) and of one type repeated
-        deeper: 0.1 s on SmolLM2, 0.4 s on Gemma 3, once per vocabulary. GrammarCompiler runs it once
-        the automaton is loaded (`maskd serve` before it listens); ``pause()`` runs between two."""
-        level, stacks = [()], [()]
-        for _ in range(self.max_read + self.max_pops + 1):
-            level = [stack + (kind,) for stack in level for kind in (OBJECT, ARRAY)]
-            stacks += level
-        stacks += [(kind,) * depth for kind in (OBJECT, ARRAY) for depth in range(len(level[0]) + 1, WARM_REPEATED)]
-        for stack in stacks:
-            frame = self.frame_of(stack)
-            for q in range(NUM_STATES):
-                pause()
-                self.entry(q, frame)
-                far = self._costs_of(q, frame)[2]
-                for slack in range(-1, far):  # each cut of the chunks a budget can make
-                    self._budget_ids(q, frame, slack)
-
     def _make_entry(self, q: int, frame: Frame, room: int) -> Entry:
         final = self.is_final(q, frame)
         words = self._eos_words.copy() if final else np.zeros(self.width, dtype=np.uint32)
@@ -250,7 +229,7 @@ class JsonValueAutomaton:
 
     def budget_sparse(self, q: int, frame: Frame, budget: int) -> SparseMask | None:
         """budget_row's SparseMask: on the first ask where few tokens are allowed (from the allowed
-        chunks' ids), else from the second ask on (grammars/sparse_mask.py SecondAsk); otherwise None.
+        chunks' ids), else from the second ask on (grammars/second_ask.py); otherwise None.
         Only where budget_row is not None."""
         key = self.budget_key(q, frame, budget)
         return self._budget_sparse.get(key, lambda: self._budget_row(key, q, frame),

@@ -125,7 +125,7 @@ class UnionMatcher:
     def _narrowed(self, live: tuple[int, ...], budget: int) -> SparseMask | None:
         """fill(row, budget)'s union of the live units' narrowed masks as a SparseMask, memoised as
         the union is: on the first ask where every unit's is a short allowed list (merged, no row),
-        else from the second ask on (as grammars/sparse_mask.py SecondAsk); None on that first ask."""
+        else from the second ask on (as grammars/second_ask.py); None on that first ask."""
         key = ("budget", budget) + tuple((self.union.units[i].key, self._matchers[i].state) for i in live)
         with _LOCK:
             first = key not in _UNION_CACHE

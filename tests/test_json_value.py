@@ -21,7 +21,7 @@ from grammar_fixtures import smollm2_tokenizer, smollm2_vocabulary
 from grammars.errors import GrammarError
 from grammars.json_schema import json_object_regex
 from grammars.json_value import JsonValueAutomaton
-from grammars.json_value_cache import _disk_tables, json_value_automaton
+from grammars.json_value_cache import _disk_tables, json_value_automaton, warm_automaton
 from grammars.json_value_lexer import AFTER, ARRAY, ARRAY_FIRST, KEY, MAX_DEPTH, N_FRAC, NAMES, OBJECT
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.json_value_tables import load_tables
@@ -421,12 +421,12 @@ def test_budget_mask_is_every_token_that_still_fits(automaton, vocab, prefix):
 
 
 def test_warm_makes_every_mask_a_nested_value_reaches():
-    """warm() (run once the automaton is loaded, before `maskd serve` listens) makes the entries,
+    """warm_automaton() (run once the automaton is loaded, before `maskd serve` listens) makes the entries,
     budget costs and budget-narrowed id lists that first visits would make, at any depth: walking
     nested values afterwards, asking each prefix's mask at every budget that narrows it, makes none."""
     automaton = JsonValueAutomaton(json_value_automaton(smollm2_vocabulary()).tables,
                                    smollm2_vocabulary().eos_token_ids)  # fresh entries
-    automaton.warm()
+    warm_automaton(automaton)
     made = len(automaton._entries), len(automaton._costs), len(automaton._kept)
     texts = [b'{"a":[{"b":{"c":[[1.5e+3,-2,"x\\n\\"y"],{"d":null,"e":[true,false]}]}}],"f":"g"}',
              b'{"a":' * 20 + b'{"t":"x"}' + b"}" * 20, b'{"a":' + b"[" * 20 + b"1" + b"]" * 20 + b"}"]

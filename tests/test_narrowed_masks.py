@@ -1,4 +1,4 @@
-"""Budget-narrowed masks as SparseMasks (grammars/sparse_mask.py SecondAsk): from its second ask on
+"""Budget-narrowed masks as SparseMasks (grammars/second_ask.py): from its second ask on
 (from the first where it is made from id lists), sparse_mask(budget) gives what fill(row, budget)
 allows, for every kind of constraint, at every step and budget of a walk, without a fill."""
 
@@ -9,7 +9,8 @@ import torch
 from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
 from grammars import schema_to_regex
 from grammars.json_value_matcher import JsonValueMatcher
-from grammars.sparse_mask import SecondAsk, sparse_mask
+from grammars.second_ask import SecondAsk
+from grammars.sparse_mask import sparse_mask
 from grammars.tool_grammar import compile_tool_constraint, tool_grammar
 from grammars.unit_union import _UNION_CACHE
 
