@@ -6,7 +6,8 @@ JSON-value automaton instead. Tokens that cross a boundary stay allowed where th
 valid, decided against the automaton's stack (as xgrammar's context-dependent tokens):
 - leaving: `}}`, `"},` or `1,"` end the value and go on in the unit (the rest is walked in the
   unit's index byte by byte, through the vocabulary's one-byte tokens; `run`);
-- entering: `":{"`, `:"` or `,[` walk the unit up to a hole and start a value.
+- entering: `":{"`, `:"` or `,[` walk the unit up to a hole and start a value
+(both listed, with their costs, by grammars/hole_crossings.py).
 The masks at unit states near a hole (made in ``prepare``, with the grammar) and at value states near
 their end (at most four containers open) are memoised here, shared by every request of the grammar;
 deeper in a value the automaton's own masks apply. Only tokens that hold `,`, `}` or `]` can leave a
@@ -22,15 +23,15 @@ import torch
 from grammars.bitmask import words_off
 from grammars.free_values import HOLE
 from grammars.hole_bytes import bytes_view
-from grammars.json_value_lexer import (AFTER, ARRAY, ARRAY_FIRST, FIRST_BYTES, K_BODY, L_E, L_L, N_EXP_DIGITS, N_FRAC,
-                                       N_INT, N_ZERO, OBJECT, OBJECT_FIRST, S_BODY, VALUE)
+from grammars.hole_crossings import entering, leaving, least
+from grammars.json_value_lexer import (AFTER, ARRAY, ARRAY_FIRST, K_BODY, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT, N_ZERO,
+                                       OBJECT, OBJECT_FIRST, S_BODY, VALUE)
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.second_ask import SecondAsk
 from grammars.sparse_mask import SparseMask, changed, sparse_mask
-from grammars.value_exits import EXIT_DEPTH, NEAR, run, value_exits, walk
+from grammars.value_exits import EXIT_DEPTH, NEAR, run, value_exits
 
 HOLE_BYTE = HOLE.encode()[0]
-_FEW_EDGES = 8  # entering tokens are looked up by their first two bytes from a state with at most this many edges
 # lexical states where a value (or its innermost container's item) often ends, or that a model often
 # passes through inside one: their masks are made with the grammar
 _ENDINGS = (AFTER, N_ZERO, N_INT, N_FRAC, N_EXP_DIGITS, S_BODY, L_E, L_L, VALUE, OBJECT_FIRST, ARRAY_FIRST, K_BODY)
@@ -131,37 +132,8 @@ class HoleTables:
         return got
 
     def entering(self, state: int) -> tuple[list[int], int]:
-        """(the tokens that walk the unit from ``state`` into a value (`":`, `,"`, `[{`), the most
-        tokens left after any of them); where a value starts here, also those that hold a whole value
-        and go on (the value's own first tokens are not listed: JsonValueMatcher masks them). From the
-        vocabulary's lists (grammars/value_exits.py); memoised with their costs."""
-        key = ("enter", state)
-        if key not in self._memo:
-            edges, walked = self._edges.get(state, {}), []
-            if len(edges) > _FEW_EDGES and not self.is_hole(state):  # as in a string: the tokens long enough
-                walked = walk(self, state, self.exits.longer(self._near.get(state, 0)), whole=False)
-            else:  # a token takes a unit byte first; by its first two bytes (one byte stays in the unit)
-                for first, following in edges.items():
-                    by_second = self.exits.entries(first)
-                    seconds = by_second if self.is_hole(following) else by_second.keys() & self._edges[following].keys()
-                    walked += [got for second in seconds for got in walk(self, state, by_second[second], whole=False)]
-            if self.is_hole(state):  # a whole value and more: any first byte that may start a value
-                walked += self._starting(state, edges)
-            least = [self.least(end) for _, end in walked]
-            self._memo[("enter-costs", state)] = (np.asarray([t for t, _ in walked], dtype=np.int64),
-                                                  np.asarray(least, dtype=np.int64))
-            self._memo[key] = ([t for t, _ in walked], max(least, default=0))
-        return self._memo[key]
-
-    def _starting(self, hole: int, edges: dict) -> list[tuple[int, tuple]]:
-        """(token, run()'s end) of the tokens holding `,`, `}` or `]` that start a value at unit state
-        ``hole`` (where the unit has an edge for a token's first byte, run() walks it)."""
-        if any(b in edges for b in FIRST_BYTES[VALUE]):  # rare: the unit goes on by a value's first byte
-            found = [(t, self.run(hole, None, -1, self.token_bytes[t]))
-                     for b in FIRST_BYTES[VALUE] for t in self.candidates.get(b, ())]
-            return [(t, got[1]) for t, got in found if got is not None and (got[1][0] == "value" or self.sentinel in got[0])]
-        out = [(t, ("value", hole, state)) for _, t, state in self.exits.starts()]
-        return out + walk(self, self.hole_after(hole), self.exits.exits(VALUE, ()), whole=True)
+        """grammars/hole_crossings.py entering() in this grammar (memoised here)."""
+        return entering(self, state)
 
     def entering_costs(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(int64 entering(state)'s tokens, int64 the fewest tokens left after each): what a budget
@@ -188,11 +160,8 @@ class HoleTables:
         return self._memo[key]
 
     def least(self, end) -> int:
-        """min_tokens() at an end of run(): in the unit, or in a value and the unit after it."""
-        if end[0] == "unit":
-            return self.grammar.min_tokens(end[1])
-        _, hole, (q, stack) = end
-        return self.automaton.min_tokens(q, self.frame(stack)) + self.grammar.min_tokens(self.hole_after(hole))
+        """grammars/hole_crossings.py least(): the fewest tokens left at an end of run()."""
+        return least(self, end)
 
     def frame(self, stack: tuple[int, ...]):
         """The automaton's Frame of the open containers ``stack`` (outermost first)."""
@@ -207,19 +176,8 @@ class HoleTables:
         return run(self, unit_state, value_state, hole, data)
 
     def leaving(self, value_state, hole: int) -> tuple[list[int], int]:
-        """(the tokens that complete the value from ``value_state`` and go on validly in the unit,
-        the most tokens left after any of them): the vocabulary's exits of that value state
-        (grammars/value_exits.py) whose rests walk in the unit after the value."""
-        if len(value_state[1]) > EXIT_DEPTH:
-            return [], 0
-        key = ("leave", value_state, hole)
-        if key not in self._memo:
-            walked = walk(self, self.hole_after(hole), self.exits.exits(*value_state), whole=True)
-            least = [self.least(end) for _, end in walked]
-            self._memo[("leave-costs", value_state, hole)] = (np.asarray([t for t, _ in walked], dtype=np.int64),
-                                                              np.asarray(least, dtype=np.int64))
-            self._memo[key] = ([t for t, _ in walked], max(least, default=0))
-        return self._memo[key]
+        """grammars/hole_crossings.py leaving() in this grammar (memoised here)."""
+        return leaving(self, value_state, hole)
 
     def kept(self, key: tuple, make):
         """The memo's entry at ``key``, made by ``make()`` on its first ask (one made meanwhile by another

@@ -1,0 +1,78 @@
+"""The tokens that cross between a unit and its free values, with what each leaves to write.
+
+A value's boundary is not a token boundary: `":{"` or `,[` walks the unit up to a hole and starts a
+value (entering), `}}`, `"},` or `1,"` ends a value and goes on in the unit (leaving). Which tokens
+do is read from the vocabulary's lists (grammars/value_exits.py) and walked in the unit's index
+(``walk``, ``run``); each list is memoised in the grammar's HoleTables (grammars/hole_tables.py)
+with the fewest tokens left after each token (``least``), which budget-narrowed masks read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grammars.json_value_lexer import FIRST_BYTES, VALUE
+from grammars.value_exits import EXIT_DEPTH, walk
+
+_FEW_EDGES = 8  # entering tokens are looked up by their first two bytes from a state with at most this many edges
+
+
+def entering(tables, state: int) -> tuple[list[int], int]:
+    """(the tokens that walk the unit from ``state`` into a value (`":`, `,"`, `[{`), the most
+    tokens left after any of them); where a value starts here, also those that hold a whole value
+    and go on (the value's own first tokens are not listed: JsonValueMatcher masks them). Memoised
+    with their costs (``("enter-costs", state)``: HoleTables.entering_costs)."""
+    key = ("enter", state)
+    if key not in tables._memo:
+        edges, walked = tables._edges.get(state, {}), []
+        if len(edges) > _FEW_EDGES and not tables.is_hole(state):  # as in a string: the tokens long enough
+            walked = walk(tables, state, tables.exits.longer(tables._near.get(state, 0)), whole=False)
+        else:  # a token takes a unit byte first; by its first two bytes (one byte stays in the unit)
+            for first, following in edges.items():
+                by_second = tables.exits.entries(first)
+                seconds = by_second if tables.is_hole(following) else by_second.keys() & tables._edges[following].keys()
+                walked += [got for second in seconds for got in walk(tables, state, by_second[second], whole=False)]
+        if tables.is_hole(state):  # a whole value and more: any first byte that may start a value
+            walked += _starting(tables, state, edges)
+        _keep(tables, key, ("enter-costs", state), walked)
+    return tables._memo[key]
+
+
+def _starting(tables, hole: int, edges: dict) -> list[tuple[int, tuple]]:
+    """(token, run()'s end) of the tokens holding `,`, `}` or `]` that start a value at unit state
+    ``hole`` (where the unit has an edge for a token's first byte, run() walks it)."""
+    if any(b in edges for b in FIRST_BYTES[VALUE]):  # rare: the unit goes on by a value's first byte
+        found = [(t, tables.run(hole, None, -1, tables.token_bytes[t]))
+                 for b in FIRST_BYTES[VALUE] for t in tables.candidates.get(b, ())]
+        return [(t, got[1]) for t, got in found if got is not None and (got[1][0] == "value" or tables.sentinel in got[0])]
+    out = [(t, ("value", hole, state)) for _, t, state in tables.exits.starts()]
+    return out + walk(tables, tables.hole_after(hole), tables.exits.exits(VALUE, ()), whole=True)
+
+
+def leaving(tables, value_state, hole: int) -> tuple[list[int], int]:
+    """(the tokens that complete the value from ``value_state`` and go on validly in the unit,
+    the most tokens left after any of them): the vocabulary's exits of that value state whose rests
+    walk in the unit after the value. Memoised with their costs (HoleTables.leaving_costs)."""
+    if len(value_state[1]) > EXIT_DEPTH:
+        return [], 0
+    key = ("leave", value_state, hole)
+    if key not in tables._memo:
+        walked = walk(tables, tables.hole_after(hole), tables.exits.exits(*value_state), whole=True)
+        _keep(tables, key, ("leave-costs", value_state, hole), walked)
+    return tables._memo[key]
+
+
+def least(tables, end) -> int:
+    """min_tokens() at an end of run(): in the unit, or in a value and the unit after it."""
+    if end[0] == "unit":
+        return tables.grammar.min_tokens(end[1])
+    _, hole, (q, stack) = end
+    return tables.automaton.min_tokens(q, tables.frame(stack)) + tables.grammar.min_tokens(tables.hole_after(hole))
+
+
+def _keep(tables, key: tuple, costs_key: tuple, walked: list) -> None:
+    """Memoise (tokens, the most left after any) at ``key`` and (int64 tokens, int64 the fewest left
+    after each) at ``costs_key``; the costs first, as readers of ``key`` then read them."""
+    left = [least(tables, end) for _, end in walked]
+    tables._memo[costs_key] = (np.asarray([t for t, _ in walked], dtype=np.int64), np.asarray(left, dtype=np.int64))
+    tables._memo[key] = ([t for t, _ in walked], max(left, default=0))
