@@ -24,61 +24,15 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from engine.kv_segment import KVSegment
+from engine.radix_node import PrefixMatch, RadixNode
 
 # Either the KV of the whole inserted sequence, or a function giving the KV of tokens [start, end)
 # of it, so the engine can copy only the part that is new out of its batch cache.
 KVSource = KVSegment | Callable[[int, int], KVSegment]
-
-
-class RadixNode:
-    """One edge of the tree: `key` tokens and their KV. The root has an empty key and no KV."""
-
-    __slots__ = ("uid", "key", "kv", "parent", "children", "lock_ref", "last_access", "depth")
-
-    def __init__(self, uid: int, key: list[int], kv: KVSegment | None, parent: RadixNode | None, depth: int):
-        self.uid = uid
-        self.key = key
-        self.kv = kv
-        self.parent = parent
-        self.children: dict[int, RadixNode] = {}  # first token of the child's key -> child
-        self.lock_ref = 0  # running requests whose matched path goes through this node
-        self.last_access = 0
-        self.depth = depth  # tokens from the root to the end of this edge
-
-    def __repr__(self) -> str:
-        return f"RadixNode(uid={self.uid}, depth={self.depth}, len={len(self.key)}, lock={self.lock_ref})"
-
-
-@dataclass(frozen=True)
-class PrefixMatch:
-    """Result of `RadixCache.match`: `length` tokens are cached, ending exactly at `node`."""
-
-    length: int
-    node: RadixNode  # handle for lock/unlock; the root when length == 0
-
-    def kv(self) -> KVSegment | None:
-        """The KV of the matched prefix (a fresh concatenation), or None when length == 0.
-
-        Call it right after `match`, or `lock` the node first: an unlocked node may be evicted.
-        """
-        if self.length == 0:
-            return None
-        if self.node.parent is None:  # only leaves are evicted, so an evicted path starts here
-            raise RuntimeError(
-                "the matched prefix was evicted before its KV was read; lock(match.node) right after "
-                "match() and unlock it when the request finishes"
-            )
-        segments: list[KVSegment] = []
-        node = self.node
-        while node.parent is not None:
-            segments.append(node.kv)
-            node = node.parent
-        return KVSegment.concat(segments[::-1])
 
 
 def _token_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
@@ -90,7 +44,7 @@ def _token_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
     return list(token_ids)
 
 
-def _common_prefix_len(key: list[int], tokens: list[int], start: int) -> int:
+def common_prefix_len(key: list[int], tokens: list[int], start: int) -> int:
     """Length of the common prefix of `key` and `tokens[start:]`."""
     n = min(len(key), len(tokens) - start)
     if key[:n] == tokens[start : start + n]:
@@ -158,7 +112,7 @@ class RadixCache:
             child = node.children.get(tokens[i])
             if child is None:
                 break
-            k = _common_prefix_len(child.key, tokens, i)
+            k = common_prefix_len(child.key, tokens, i)
             if k < len(child.key):
                 if i + k == len(tokens) and not split_at_end:
                     return node, i  # tokens end inside this edge: nothing to split for

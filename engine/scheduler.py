@@ -40,9 +40,8 @@ from collections import deque
 
 import torch
 
-from engine.kv_segment import KVSegment
 from engine.model_runner import ModelRunner
-from engine.radix_cache import RadixCache
+from engine.radix_cache import RadixCache, common_prefix_len
 from engine.sequence import Sequence
 from engine.slot_cache import SlotCache
 
@@ -165,7 +164,7 @@ class Scheduler:
         if self.prefix_cache is None or not self.prefilling:
             return False
         prompt = seq.request.prompt_ids
-        shared = max(_common_prefix(prompt, other.request.prompt_ids) for other in self.prefilling)
+        shared = max(common_prefix_len(other.request.prompt_ids, prompt, 0) for other in self.prefilling)
         return shared >= min(SHARED_PREFIX_WAIT, len(prompt) - 1) and \
             shared > self.prefix_cache.find(prompt[:-1]).length  # find: not counted as a lookup
 
@@ -289,15 +288,6 @@ class Scheduler:
         locks = [s.prefix_node for s in running if s.prefix_node is not None and s.prefix_node.parent]
         total = sum(c.lock_ref for c in self.prefix_cache.root.children.values())
         assert total == len(locks), f"prefix cache holds {total} locks, running requests hold {len(locks)}"
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _ready(seq: Sequence) -> bool:

@@ -86,7 +86,7 @@ class Sequence:
         self.slot: int | None = None  # the SlotCache slot holding this request's KV, from admission on
         self.capacity: int | None = None  # tokens (prompt + output) its slot may hold; set at admission
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
-        self.prefix_node = None  # the prefix cache node this request locks (engine.radix_cache.RadixNode)
+        self.prefix_node = None  # the prefix cache node this request locks (engine.radix_node.RadixNode)
         self.tokens_left = request.params.max_tokens  # set by the engine before each step's masks
         self.bias = None  # (ids, values) tensors of params.logit_bias, made on first use (sampling.py)
         self.penalties = make_penalties(request.params)  # None without presence/frequency penalties
