@@ -50,7 +50,8 @@ class GrammarLRU:
         """Grammars held and the bytes they hold now (for /metrics)."""
         with self._lock:
             grammars = list(self._grammars.values())
-        return {"grammars": len(grammars), "bytes": sum(g.held_bytes() for g in grammars), "budget_bytes": self.max_bytes}
+        return {"grammars": len(grammars), "bytes": sum(g.held_bytes() for g in grammars),
+                "budget_bytes": self.max_bytes}
 
 
 class FailureMemory:

@@ -44,7 +44,8 @@ def _starting(tables, hole: int, edges: dict) -> list[tuple[int, tuple]]:
     if any(b in edges for b in FIRST_BYTES[VALUE]):  # rare: the unit goes on by a value's first byte
         found = [(t, tables.run(hole, None, -1, tables.token_bytes[t]))
                  for b in FIRST_BYTES[VALUE] for t in tables.candidates.get(b, ())]
-        return [(t, got[1]) for t, got in found if got is not None and (got[1][0] == "value" or tables.sentinel in got[0])]
+        return [(t, got[1]) for t, got in found
+                if got is not None and (got[1][0] == "value" or tables.sentinel in got[0])]
     out = [(t, ("value", hole, state)) for _, t, state in tables.exits.starts()]
     return out + walk(tables, tables.hole_after(hole), tables.exits.exits(VALUE, ()), whole=True)
 

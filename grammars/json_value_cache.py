@@ -18,7 +18,8 @@ from grammars.vocabulary import TokenVocabulary
 
 log = logging.getLogger("maskd.grammars")
 
-WARM_REPEATED = 24  # warm_automaton(): stacks of one container type repeated up to this deep (models nest `{"type":` keys)
+# warm_automaton(): stacks of one container type repeated up to this deep (models nest `{"type":` keys)
+WARM_REPEATED = 24
 _AUTOMATA: dict[str, JsonValueAutomaton] = {}
 _BUILDING: dict[str, threading.Lock] = {}
 _LOCK = threading.Lock()

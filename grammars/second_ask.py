@@ -22,8 +22,9 @@ class SecondAsk:
     packed apply and never pays for the conversion (20-40 us); one asked again (the same state and
     budget in a later request, or a row shared by many states) is masked from its id list from then
     on. Where the caller can make the id list without a row (``get``'s ``direct``: merged from
-    memoised lists, below), the first ask gets it. Shared by a grammar's requests and the compiler's
-    background thread; a race builds one twice, the same, and both callers read the one kept."""
+    memoised lists, grammars/sparse_mask.py changed), the first ask gets it. Shared by a grammar's
+    requests and the compiler's background thread; a race builds one twice, the same, and both
+    callers read the one kept."""
 
     __slots__ = ("size", "_memo")
 
