@@ -7,7 +7,7 @@ import torch
 from engine.sequence import Sequence
 from grammars.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
                               fill_next_token_bitmasks)
-from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace
+from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, pick_routine
 
 
 class ConstraintMasker:
@@ -32,6 +32,7 @@ class ConstraintMasker:
         self.vocab_size = vocab_size
         self.bitmask = allocate_token_bitmask(max_batch, vocab_size)  # int32 [max_batch, W], CPU
         self._on_device: dict[torch.device, torch.Tensor] = {}
+        pick_routine()  # the C pick (compiled on first use, ~1 s) loads with the engine, not at its first step
 
     def _device_mask(self, device: torch.device) -> torch.Tensor:
         if device.type == "cpu":
@@ -45,9 +46,10 @@ class ConstraintMasker:
         """logits: [B, V], row i belongs to seqs[i]; edited in place. Returns the rows left
         unwritten, with their masks (see the class)."""
         narrowed: dict[int, SparseMask] = {}
-        cpu = logits.device.type == "cpu"
-        rows = [row for row, seq in enumerate(seqs)
-                if seq.constraint is not None and not (cpu and self._apply_sparse(logits, row, seq, narrowed))]
+        cpu = logits.is_cpu  # torch's attribute calls cost 0.2-1 µs each here: each asked once a step
+        vocab, pickable = (logits.shape[1], logits.dtype == torch.float32) if cpu else (0, False)
+        rows = [row for row, seq in enumerate(seqs) if seq.constraint is not None
+                and not (cpu and self._apply_sparse(logits, row, seq, narrowed, vocab, pickable))]
         if not rows:
             return narrowed
         if len(seqs) > self.bitmask.shape[0]:
@@ -59,15 +61,16 @@ class ConstraintMasker:
         return narrowed
 
     @staticmethod
-    def _apply_sparse(logits: torch.Tensor, row: int, seq: Sequence, narrowed: dict[int, SparseMask]) -> bool:
-        """Mask ``row`` from its constraint's SparseMask for this step if it has one that fits (no
-        fill then), or leave it to sample() (``narrowed[row]``); False if it has none."""
+    def _apply_sparse(logits: torch.Tensor, row: int, seq: Sequence, narrowed: dict[int, SparseMask],
+                      vocab: int, pickable: bool) -> bool:
+        """Mask ``row`` (of ``vocab`` logits; float32 where ``pickable``) from its constraint's SparseMask
+        for this step if it has one that fits (no fill then), or leave it to sample() (``narrowed[row]``);
+        False if it has none."""
         get = getattr(seq.constraint, "sparse_mask", None)
         sparse = get(seq.tokens_left) if get is not None else None
-        if sparse is None or sparse.vocab_size != logits.shape[1]:
+        if sparse is None or sparse.vocab_size != vocab:
             return False
-        if seq.params.logprobs is None and seq.params.greedy and logits.dtype == torch.float32 and (
-                not sparse.allowed or sparse.id_array().size):
+        if pickable and seq.params.logprobs is None and seq.params.greedy and (not sparse.allowed or sparse.size):
             narrowed[row] = sparse
         else:
             apply_sparse_mask_inplace(logits[row], sparse)

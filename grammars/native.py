@@ -1,6 +1,7 @@
 """maskd's C routines (grammars/_index_table.c, _token_index.c, _set_bits.c, _mask_row.c,
 _merge_ids.c): compiled with the system C compiler on first use, once per source version, into a
-folder of this user's alone, then loaded.
+folder of this user's alone, then loaded through ctypes; and the few called at every decoding step
+also as a CPython extension (grammars/_fast_calls.c), where Python's headers are present.
 
 Only a folder of this user's alone: never the shared temporary folder, where anyone could plant a
 library to be loaded into the server (private_dir.py). Without a C compiler `library()` is None and
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import logging
 import os
 import subprocess
 import sys
+import sysconfig
 
 import numpy as np
 
@@ -62,8 +65,55 @@ def library_name() -> str:
 
 def load():
     """Build (unless this user's build of these sources is there) and load the library; or None."""
+    path = _built(library_name(), SOURCES, [])
+    try:
+        return None if path is None else ctypes.CDLL(path)
+    except OSError as exc:
+        log.warning("could not load the C library %s (%s): the slow Python paths are used", path, exc)
+        return None
+
+
+_EXTENSION: list = []  # as _LIBRARY
+EXTENSION_SOURCES = [os.path.join(_HERE, name)
+                     for name in ("_fast_calls.c", "_mask_row.c", "_merge_ids.c", "_set_bits.c")]
+
+
+def extension():
+    """maskd's CPython extension (grammars/_fast_calls.c: ``pick``, ``merge``, ``bits``, ``address``),
+    built and loaded once; or None where Python's headers are missing or it cannot be built (callers
+    use the ctypes routines)."""
+    if not _EXTENSION:
+        _EXTENSION.append(_load_extension())
+    return _EXTENSION[0]
+
+
+def _load_extension():
+    include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        return None
+    digest = hashlib.sha256(include.encode())
+    for path in EXTENSION_SOURCES:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    name = f"maskd-fast-calls-{digest.hexdigest()[:16]}-{sysconfig.get_config_var('SOABI')}.so"
+    path = _built(name, EXTENSION_SOURCES, [f"-I{include}"])
+    try:
+        spec = None if path is None else importlib.util.spec_from_file_location("_maskd_fast_calls", path)
+        if spec is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except (OSError, ImportError) as exc:
+        log.warning("could not load the C extension %s (%s): the ctypes routines are used", path, exc)
+        return None
+
+
+def _built(name: str, sources: list[str], flags: list[str]) -> str | None:
+    """The path of this user's build of ``sources`` as ``name`` in maskd's cache folder (compiled now
+    unless it is there), or None where there is no private folder or no build."""
     folder = os.environ.get("MASKD_CACHE_DIR") or os.path.expanduser("~/.cache/maskd")
-    path = os.path.join(folder, library_name())
+    path = os.path.join(folder, name)
     if not private_dir(folder):
         log.warning("no private folder for the C library at %s: the slow Python paths are used", folder)
         return None
@@ -73,10 +123,10 @@ def load():
                 os.remove(path)  # not ours: rebuilt rather than loaded
             tmp = f"{path}.{os.getpid()}.tmp"
             compiler = os.environ.get("CC", "cc")
-            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", tmp, *SOURCES], check=True,
+            subprocess.run([compiler, "-O2", "-shared", "-fPIC", *flags, "-o", tmp, *sources], check=True,
                            capture_output=True, timeout=120)
             os.replace(tmp, path)
-        return ctypes.CDLL(path)
+        return path
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("could not build the C library in %s (%s): the slow Python paths are used", folder, exc)
         return None

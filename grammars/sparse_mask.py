@@ -40,9 +40,11 @@ class SparseMask:
     """The tokens on the short side of a mask over ``vocab_size`` tokens, ascending, all below it:
     ``allowed`` True, the only allowed ones; False, the banned ones. Held as an int64 numpy array
     (``array``, what the CPU paths read); ``ids`` is a torch view of it, made on first use (a state's
-    first visit makes a SparseMask, and a tensor costs 10-20 us there)."""
+    first visit makes a SparseMask, and a tensor costs 10-20 us there). ``size`` is the number of
+    ids and ``single`` the one allowed id where it is the only one (a forced token), else -1: plain
+    ints, read by the pick at every step without numpy's per-call cost."""
 
-    __slots__ = ("allowed", "array", "vocab_size", "_ids", "_address")
+    __slots__ = ("allowed", "array", "vocab_size", "size", "single", "_ids", "_address")
 
     def __init__(self, allowed: bool, ids: torch.Tensor | np.ndarray, vocab_size: int):
         self.allowed, self.vocab_size = allowed, vocab_size
@@ -50,6 +52,8 @@ class SparseMask:
             self._ids, self.array = ids, ids.numpy()
         else:
             self._ids, self.array = None, np.asarray(ids, dtype=np.int64)
+        self.size = len(self.array)
+        self.single = int(self.array[0]) if allowed and self.size == 1 else -1
         self._address = None
 
     @property
@@ -66,10 +70,11 @@ class SparseMask:
 
     @property
     def address(self) -> int:
-        """Where the ids lie in memory (for the C pick; numpy's ``.ctypes`` costs µs per call)."""
+        """Where the ids lie in memory (for the C pick; numpy's ``.ctypes`` costs ~3 µs per call)."""
         if self._address is None:
             self.array = np.ascontiguousarray(self.array)
-            self._address = self.array.ctypes.data
+            fast = native.extension()
+            self._address = fast.address(self.array) if fast is not None else self.array.ctypes.data
         return self._address
 
 
@@ -136,26 +141,36 @@ def _allowed_side(ids: np.ndarray, vocab_size: int) -> SparseMask | None:
 
 def _merged(ids: np.ndarray, allowed: bool, on, off) -> np.ndarray:
     """int64 ascending distinct: ``allowed``, (ids less off) plus on; else (ids plus off) less on.
-    ``ids`` ascending distinct; ``on`` and ``off`` in any order. A few ids in all: Python's sets (the
-    ctypes call alone costs 4-6 µs, more when its code is cold at a state's first visit); else in C
-    (grammars/_merge_ids.c), else numpy."""
-    if len(ids) + len(on) + len(off) <= _FEW_IDS:
+    ``ids`` ascending distinct; ``on`` and ``off`` in any order. In C (grammars/_merge_ids.c) through
+    the extension (native.extension()); without it, a few ids in all in Python's sets (the ctypes call
+    alone costs 4-6 µs, more when its code is cold at a state's first visit), more through ctypes,
+    else numpy."""
+    fast = native.extension()
+    if fast is None and len(ids) + len(on) + len(off) <= _FEW_IDS:
         ids, on, off = set(ids.tolist()), set(_listed(on)), set(_listed(off))
         return np.array(sorted((ids - off) | on if allowed else (ids | off) - on), dtype=np.int64)
     on, off = np.ascontiguousarray(on, dtype=np.int64), np.ascontiguousarray(off, dtype=np.int64)
     on, off = (np.sort(part) if len(part) > 32 else part for part in (on, off))  # C's qsort is 10x slower
-    routine = native.routine("merge_ids", ctypes.c_int64, _MERGE_ARGS)
+    routine = fast.merge if fast is not None else _merge_by_ctypes()
     if routine is not None:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         out = np.empty(len(ids) + len(on) + len(off), dtype=np.int64)
-        n = routine(ids.ctypes.data, len(ids), on.ctypes.data, len(on), off.ctypes.data, len(off), allowed,
-                    out.ctypes.data)
+        n = routine(ids, on, off, allowed, out)
         if n >= 0:
             return out[:n]
     if allowed:
         return _distinct(np.concatenate((ids[~np.isin(ids, off)], on)))
     ids = _distinct(np.concatenate((ids, off)))
     return ids[~np.isin(ids, on)]
+
+
+def _merge_by_ctypes():
+    """merge_ids through ctypes, called as the extension's merge; or None without the C library."""
+    routine = native.routine("merge_ids", ctypes.c_int64, _MERGE_ARGS)
+    if routine is None:
+        return None
+    return lambda ids, on, off, allowed, out: routine(ids.ctypes.data, len(ids), on.ctypes.data, len(on),
+                                                      off.ctypes.data, len(off), allowed, out.ctypes.data)
 
 
 def _listed(ids) -> list:
@@ -170,31 +185,43 @@ def _distinct(ids: np.ndarray) -> np.ndarray:
 
 
 _NO_IDS = np.zeros(0, dtype=np.int64)
-_FEW_IDS = 64  # _merged: at most this many ids in all are merged in Python (0.5-2 µs against 6-7 in C)
+_FEW_IDS = 64  # _merged without the extension: at most this many ids in all in Python (0.5-2 µs against 6-7 by ctypes)
 _MERGE_ARGS = [ctypes.c_void_p, ctypes.c_int64] * 3 + [ctypes.c_int, ctypes.c_void_p]  # made once: asked per merge
 
 
 def _set_bits(words: np.ndarray) -> np.ndarray:
-    """int64 [k] ascending positions of the set bits of uint32 [W]: in C (grammars/_set_bits.c:
-    ~25 us for 700 bits of 1536 words, most of it the ctypes call), else numpy (120-190 us)."""
-    routine = _set_bits_routine()
+    """int64 [k] ascending positions of the set bits of uint32 [W]: in C (grammars/_set_bits.c, ~2 µs
+    for 700 bits of 1536 words) through the extension, else through ctypes (~25 µs, most of it the
+    call), else numpy (120-190 us)."""
+    fast = native.extension()
+    routine = fast.bits if fast is not None else _set_bits_by_ctypes()
     if routine is not None:
         words = np.ascontiguousarray(words, dtype=np.uint32)
         out = np.empty(int(np.bitwise_count(words).sum()), dtype=np.int64)
-        if routine(words.ctypes.data, words.size, out.ctypes.data, out.size) == out.size:
+        if routine(words, out) == out.size:
             return out
     nonzero = np.flatnonzero(words)  # [n] words with a set bit
     bits = np.flatnonzero(np.unpackbits(words[nonzero].view(np.uint8), bitorder="little"))  # [k] in n*32
     return nonzero[bits >> 5] * 32 + (bits & 31)
 
 
-def _set_bits_routine():
-    return native.routine("set_bits", ctypes.c_int64,
-                          [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64])
+def _set_bits_by_ctypes():
+    """set_bits through ctypes, called as the extension's bits; or None without the C library."""
+    routine = native.routine("set_bits", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                          ctypes.c_int64])
+    if routine is None:
+        return None
+    return lambda words, out: routine(words.ctypes.data, words.size, out.ctypes.data, out.size)
 
 
+@functools.cache
 def pick_routine():
-    """The C greedy pick under a SparseMask (grammars/_mask_row.c pick_f32), or None."""
+    """The C greedy pick under a SparseMask (grammars/_mask_row.c pick_f32): the extension's where it
+    is built (a call costs 0.2-0.3 µs), else through ctypes (2-2.5 µs); or None. Looked up once (the
+    pick asks at every step)."""
+    fast = native.extension()
+    if fast is not None:
+        return fast.pick
     return native.routine("pick_f32", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                                        ctypes.c_int64, ctypes.c_int, ctypes.c_int64])
 

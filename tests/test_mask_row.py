@@ -1,10 +1,15 @@
 """The C mask paths (grammars/_mask_row.c) give what the torch and numpy paths give.
 
 mask_row_f32 (the packed apply of budget-narrowed rows on CPU) against apply_token_bitmask_inplace;
-pick_f32 (the greedy pick under a SparseMask) against settle()'s numpy path.
+pick_f32 (the greedy pick under a SparseMask) against settle()'s numpy path, through ctypes and
+through the CPython extension (grammars/_fast_calls.c) alike.
 """
 
 from __future__ import annotations
+
+import ctypes
+import os
+import sysconfig
 
 import numpy as np
 import pytest
@@ -62,3 +67,56 @@ def test_the_c_pick_equals_the_numpy_pick(seed, monkeypatch):
     assert c_way == numpy_way
     assert c_way[3] not in masks[3].array.tolist()
     assert c_way[4] == int(masks[4].array[0])  # a forced token, though its logit is the row's least
+
+
+def test_the_extensions_pick_is_the_ctypes_pick_and_settle_uses_it():
+    """Where Python's headers are here the extension is built, and settle() picks through it; its
+    pick equals the ctypes routine's on every mask kind, best banned or not, and it refuses a wrong call."""
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        pytest.skip("no Python headers here: the ctypes routine serves")
+    fast = native.extension()
+    assert fast is not None and sampling.pick_routine() is fast.pick
+    by_ctypes = native.routine("pick_f32", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                            ctypes.c_int64, ctypes.c_int, ctypes.c_int64])
+    rng = np.random.default_rng(7)
+    vocab = 3000
+    logits = torch.from_numpy(rng.integers(-3, 4, size=(1, vocab)).astype(np.float32))  # many ties
+    best = int(logits[0].argmax())
+    for k in (0, 1, 2, 40, 900):
+        for allowed in (True, False):
+            ids = np.sort(rng.choice(vocab, k, replace=False))
+            for chosen in (ids, np.union1d(ids, [best])):
+                mask = SparseMask(allowed, chosen, vocab)
+                args = (logits.data_ptr(), vocab, mask.address, mask.size, mask.allowed, best)
+                assert fast.pick(*args) == by_ctypes(*args)
+    with pytest.raises(TypeError):
+        fast.pick(logits.data_ptr(), vocab)
+
+
+def test_the_extensions_array_calls_read_flat_arrays_of_their_item_size_only():
+    """merge, bits and address read numpy arrays through the buffer protocol: the wrong item size, a
+    strided array, a read-only out or an out too short for the merge is an error, never a stray read."""
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        pytest.skip("no Python headers here: the ctypes routines serve")
+    fast = native.extension()
+    ids, none = np.array([1, 5, 9], dtype=np.int64), np.zeros(0, dtype=np.int64)
+    out = np.empty(6, dtype=np.int64)
+    assert fast.merge(ids, np.array([2, 5]), np.array([9]), True, out) == 3 and out[:3].tolist() == [1, 2, 5]
+    assert fast.merge(ids, np.array([5]), np.array([2, 2]), False, out) == 3 and out[:3].tolist() == [1, 2, 9]
+    assert fast.address(ids) == ids.ctypes.data
+    words = np.array([0b1010, 1], dtype=np.uint32)
+    assert fast.bits(words, out) == 3 and out[:3].tolist() == [1, 3, 32]
+    with pytest.raises(ValueError):
+        fast.merge(ids, none, none, True, np.empty(2, dtype=np.int64))  # out too short
+    with pytest.raises(ValueError):
+        fast.merge(ids.astype(np.int32), none, none, True, out)
+    with pytest.raises((BufferError, ValueError)):
+        fast.merge(np.arange(10, dtype=np.int64)[::2], none, none, True, out)
+    readonly = np.empty(6, dtype=np.int64)
+    readonly.flags.writeable = False
+    with pytest.raises((BufferError, ValueError)):
+        fast.merge(ids, none, none, True, readonly)
+    with pytest.raises(ValueError):
+        fast.bits(words.astype(np.int64), out)
+    with pytest.raises(ValueError):
+        fast.address(words)

@@ -54,6 +54,7 @@ def test_the_index_table_library_is_never_built_in_a_shared_or_temporary_folder(
     monkeypatch.setenv("MASKD_CACHE_DIR", str(shared))
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # the shared temporary folder, watched
     assert native.load() is None  # the slow Python paths instead
+    assert native._load_extension() is None  # nor the extension: the ctypes routines (or none) instead
     assert os.listdir(shared) == [] and os.listdir(temporary) == []
 
 

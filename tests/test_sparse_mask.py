@@ -325,33 +325,42 @@ def test_apply_sparse_mask_refuses_a_row_of_another_width():
 
 @pytest.mark.parametrize("count", [0, 1, 700, 8000, V])
 def test_set_bits_in_c_and_numpy_equal_the_bits(count, monkeypatch):
+    """Through the extension, through ctypes (no Python headers) and in numpy (no C compiler)."""
+    from grammars import native
     from grammars import sparse_mask as module
 
     bits = np.zeros(V, dtype=bool)
     bits[np.random.default_rng(count).choice(V, count, replace=False)] = True
     words = np.packbits(bits, bitorder="little").view(np.uint32)
     expected = np.flatnonzero(bits).tolist()
-    assert module._set_bits_routine() is not None  # the C routine is built on this machine
+    assert native.extension() is not None and module._set_bits_by_ctypes() is not None  # both built here
     assert module._set_bits(words).tolist() == expected
-    monkeypatch.setattr(module, "_set_bits_routine", lambda: None)  # no C compiler: numpy
+    monkeypatch.setattr(native, "extension", lambda: None)  # no Python headers: ctypes
+    assert module._set_bits(words).tolist() == expected
+    monkeypatch.setattr(native, "routine", lambda *args: None)  # no C compiler: numpy
     assert module._set_bits(words).tolist() == expected
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("in_c", [True, False])
-def test_id_list_forms_made_without_a_row_equal_the_rows_conversion(seed, in_c, monkeypatch):
+@pytest.mark.parametrize("way", ["extension", "ctypes", "numpy"])
+def test_id_list_forms_made_without_a_row_equal_the_rows_conversion(seed, way, monkeypatch):
     """allowed_sparse (ids in any order, repeated) and changed (a mask less some ids, plus others) give
     what sparse_mask gives of the row, or None exactly where that is not the side they keep (or more
     than ALLOWED_MAX ids are given to allowed_sparse, repeats counted); over
     short and long sides, near each side's cap, on a 49k and a 600-token vocabulary; merged in C
-    (grammars/_merge_ids.c) and, as without a C compiler, in numpy."""
+    (grammars/_merge_ids.c) through the extension, through ctypes (no Python headers) and, as
+    without a C compiler, in numpy."""
     from grammars import native
     from grammars.budget import ALLOWED_MAX, DISALLOWED_MAX
     from grammars.sparse_mask import allowed_sparse, changed
 
-    if in_c and native.library() is None:
+    if way != "numpy" and native.library() is None:
         pytest.skip("no C compiler here")
-    if not in_c:
+    if way == "extension":
+        assert native.extension() is not None
+    else:
+        monkeypatch.setattr(native, "extension", lambda: None)
+    if way == "numpy":
         monkeypatch.setattr(native, "routine", lambda *args: None)
 
     rng = np.random.default_rng(seed)
@@ -389,8 +398,10 @@ def _same(got, expected, only):
 
 @pytest.mark.parametrize("allowed", [True, False])
 def test_few_ids_merge_in_python_as_in_c(allowed, monkeypatch):
-    """_merged below _FEW_IDS ids in all (Python's sets) gives what the C merge and the numpy merge
-    give above it: ascending, distinct; ``on`` and ``off`` repeated, overlapping, lists or arrays."""
+    """_merged below _FEW_IDS ids in all without the extension (Python's sets) gives what the C merge
+    and the numpy merge give above it, and the extension's merge at any size: ascending, distinct;
+    ``on`` and ``off`` repeated, overlapping, lists or arrays."""
+    from grammars import native
     from grammars import sparse_mask as module
 
     rng = np.random.default_rng(int(allowed))
@@ -402,8 +413,11 @@ def test_few_ids_merge_in_python_as_in_c(allowed, monkeypatch):
             continue
         expected = sorted((set(ids.tolist()) - set(off.tolist())) | set(np.asarray(on).tolist()) if allowed
                           else (set(ids.tolist()) | set(off.tolist())) - set(np.asarray(on).tolist()))
+        got = module._merged(ids, allowed, on, off)  # through the extension
+        assert got.dtype == np.int64 and got.tolist() == expected
+        monkeypatch.setattr(native, "extension", lambda: None)  # no Python headers: Python's sets
         got = module._merged(ids, allowed, on, off)
         assert got.dtype == np.int64 and got.tolist() == expected
-        monkeypatch.setattr(module, "_FEW_IDS", -1)  # the same merge in C (or numpy without a compiler)
+        monkeypatch.setattr(module, "_FEW_IDS", -1)  # the same merge by ctypes (or numpy without a compiler)
         assert module._merged(ids, allowed, on, off).tolist() == expected
         monkeypatch.undo()
