@@ -16,6 +16,7 @@ import torch
 
 from grammars.bitmask import words_off, words_on
 from grammars.errors import GrammarError
+from grammars.hole_crossings import entering_fit, leaving_fit
 from grammars.hole_tables import value_at
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.matcher import Matcher
@@ -114,8 +115,7 @@ class HoleMatcher:
         tables, value = self.tables, self.value
         after = tables.hole_after(self.hole)
         room = budget - self.grammar.min_tokens(after)
-        tokens, least = tables.leaving_costs(value.state, self.hole)
-        fit = tokens[least <= budget - 1]
+        fit = leaving_fit(tables, value.state, self.hole, budget - 1)
         if room < 1:
             return allowed_sparse(fit, tables.size) if len(fit) else None
         automaton = tables.automaton
@@ -143,8 +143,7 @@ class HoleMatcher:
         state = self.unit.state
         fit = []
         if tables.near_hole(state):
-            tokens, least = tables.entering_costs(state)
-            fit = tokens[least <= budget - 1]
+            fit = entering_fit(tables, state, budget - 1)
         own, start = self.unit.sparse_mask(budget), None
         if tables.is_hole(state):
             room = budget - self.grammar.min_tokens(tables.hole_after(state))
@@ -185,8 +184,7 @@ class HoleMatcher:
             words_off(words, tables.sentinel_ids)
             state = None if self.unit._terminated else self.unit.state
             if state is not None and tables.near_hole(state):  # tokens into a value that fit
-                tokens, least = tables.entering_costs(state)
-                words_on(words, tokens[least <= budget - 1])
+                words_on(words, entering_fit(tables, state, budget - 1))
             if state is not None and tables.is_hole(state):  # a value may start here
                 room = budget - grammar.min_tokens(tables.hole_after(self.unit.state))
                 if room >= 1 or not words.any():  # else nothing fits (the budget was short already): the nearest
@@ -201,8 +199,7 @@ class HoleMatcher:
             if room >= 1:
                 self.value.fill(row, room)
                 self._clear_eos(row, final=grammar.is_final(after))
-            tokens, least = tables.leaving_costs(self.value.state, self.hole)
-            words_on(words, tokens[least <= budget - 1])
+            words_on(words, leaving_fit(tables, self.value.state, self.hole, budget - 1))
             if not words.any():  # nothing fits (the budget was short already): the nearest
                 self.value.fill(row, 1)
                 self._clear_eos(row, final=grammar.is_final(after))

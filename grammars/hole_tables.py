@@ -23,7 +23,7 @@ import torch
 from grammars.bitmask import words_off
 from grammars.free_values import HOLE
 from grammars.hole_bytes import bytes_view
-from grammars.hole_crossings import entering, leaving, least
+from grammars.hole_crossings import NO_TOKENS, entering, leaving, least
 from grammars.json_value_lexer import (AFTER, ARRAY, ARRAY_FIRST, K_BODY, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT, N_ZERO,
                                        OBJECT, OBJECT_FIRST, S_BODY, VALUE)
 from grammars.json_value_matcher import JsonValueMatcher
@@ -144,7 +144,7 @@ class HoleTables:
     def leaving_costs(self, value_state, hole: int) -> tuple[np.ndarray, np.ndarray]:
         """As entering_costs, for leaving(value_state, hole)'s tokens (made with them)."""
         if len(value_state[1]) > EXIT_DEPTH:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            return NO_TOKENS, NO_TOKENS
         self.leaving(value_state, hole)
         return self._memo[("leave-costs", value_state, hole)]
 

@@ -8,6 +8,7 @@ import pytest
 from grammar_fixtures import shared_compiler, smollm2_vocabulary
 from grammars import schema_to_regex
 from grammars.hole_bytes import bytes_view
+from grammars.hole_crossings import entering_fit, leaving_fit
 from grammars.json_value_lexer import AFTER, ARRAY, COMPLETE, FIRST_BYTES, NUM_STATES, OBJECT, S_BASE, VALUE
 from grammars.value_exits import EXIT_DEPTH, value_exits
 
@@ -41,11 +42,19 @@ def by_candidates(tables, value_state, hole) -> dict[int, int]:
     return out
 
 
-def agree(listed: tuple[list[int], int], costs, expected: dict[int, int]) -> None:
-    """HoleTables' (tokens, the most left after any) and (ids, least after each) say what ``expected`` says."""
+def agree(listed: tuple[list[int], int], costs, expected: dict[int, int], fit_at) -> None:
+    """HoleTables' (tokens, the most left after any) and (ids, least after each) say what ``expected`` says,
+    and so does ``fit_at(limit)`` (the tokens after which at most ``limit`` are left) at every limit: one
+    read-only array for limits that keep the same tokens."""
     tokens, worst = listed
     assert set(tokens) == set(expected) and worst == max(expected.values(), default=0)
     assert dict(zip(costs[0].tolist(), costs[1].tolist())) == expected
+    made = {}
+    for limit in range(-1, worst + 2):
+        fit = fit_at(limit)
+        kept = frozenset(t for t, least in expected.items() if least <= limit)
+        assert set(fit.tolist()) == kept and len(fit) == len(kept) and not fit.flags.writeable
+        assert made.setdefault(kept, fit) is fit
 
 
 @pytest.mark.parametrize("schema", range(len(SCHEMAS)))
@@ -59,7 +68,8 @@ def test_leaving_tokens_are_those_each_walked_alone_finds(schema):
         for stack in STACKS:
             for q in range(NUM_STATES):
                 expected = by_candidates(tables, (q, stack), hole)
-                agree(tables.leaving((q, stack), hole), tables.leaving_costs((q, stack), hole), expected)
+                agree(tables.leaving((q, stack), hole), tables.leaving_costs((q, stack), hole), expected,
+                      lambda limit: leaving_fit(tables, (q, stack), hole, limit))
                 compared += 1
                 leaving += len(expected)
     assert compared >= NUM_STATES * len(STACKS)
@@ -87,7 +97,8 @@ def test_entering_tokens_are_those_each_walked_alone_finds(schema):
     entering = 0
     for state in range(grammar.index.n_states):
         expected = by_run(tables, state)
-        agree(tables.entering(state), tables.entering_costs(state), expected)
+        agree(tables.entering(state), tables.entering_costs(state), expected,
+              lambda limit: entering_fit(tables, state, limit))
         entering += len(expected)
     assert entering > (20 if SCHEMAS[schema] else 10)  # {}: only tokens that stay in the value
     if schema == 3:
