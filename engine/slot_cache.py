@@ -101,8 +101,11 @@ class SlotCache:
 
     @property
     def allocated(self) -> tuple[int, int]:
-        """(slots, capacity) of the tensors."""
-        return (self.keys[0].shape[0], self.keys[0].shape[2]) if self.keys else (0, 0)
+        """(slots, capacity) of the tensors. /metrics reads it from another thread while the engine
+        may grow them, one layer at a time (the first growth starts from a list of None)."""
+        keys = self.keys
+        first = keys[0] if keys else None
+        return (first.shape[0], first.shape[2]) if first is not None else (0, 0)
 
     def nbytes(self) -> int:
         slots, capacity = self.allocated

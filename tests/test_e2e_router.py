@@ -45,7 +45,9 @@ def cluster():
 
 
 def metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics", timeout=1800).text.splitlines():
+    reply = httpx.get(f"{url}/metrics", timeout=1800)
+    assert reply.status_code == 200, reply.text  # a scrape mid-growth of the KV tensors was a 500
+    for line in reply.text.splitlines():
         if line.startswith(name):
             return float(line.split()[-1])
     raise KeyError(f"{name} not in /metrics")

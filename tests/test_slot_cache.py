@@ -99,6 +99,23 @@ def test_growth_keeps_the_rows_and_never_passes_the_budget(shape):
     cache.check_integrity()
 
 
+def test_its_size_reads_while_the_tensors_grow(shape, monkeypatch):
+    """/metrics reads nbytes() on the server's thread while the engine thread may grow the tensors,
+    one layer at a time: the first growth starts from a list of None, whose shape it read (a 500)."""
+    cache = SlotCache(shape, MaskLayout((None, None), ()), torch.device("cpu"), num_slots=4,
+                      context_length=CONTEXT, budget_bytes=1 << 30)
+    zeros, seen = torch.zeros, []
+
+    def zeros_read_meanwhile(*args, **kwargs):
+        seen.append(cache.nbytes())  # as a scrape between two layers' allocations would
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", zeros_read_meanwhile)
+    cache.open(GRAIN)
+    monkeypatch.undo()
+    assert len(seen) == 2 * len(shape.heads) and seen[0] == 0 and cache.nbytes() > 0
+
+
 def test_the_budget_holds_and_queued_rows_run_when_room_frees(tiny_model, smollm_tokenizer):
     """Five requests whose reservations need twice the budget: at most two run at once, all finish
     with the tokens each gives alone, and the KV tensors never exceed the budget."""
