@@ -14,8 +14,8 @@ each other (and behind other requests'), and a unit must not fail for the time i
 (25 new tools at ~1 s each on a 262k vocabulary would). The request's deadline (--request-timeout)
 bounds how long its client waits. Workers are handed out by priority, then in order of asking:
 ``prefer`` moves a unit a request now waits on ahead of the others. ``submit_regex`` starts a
-compile and returns a future at once, so a request's units compile side by side, and beside its
-prefill; a memory hit is a future already done.
+compile and returns a future at once (one per unit, shared by its askers: grammars/compile_futures.py),
+so a request's units compile side by side, and beside its prefill; a memory hit is a future done.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Iterable
 
 from grammars.background import Background
 from grammars.cache_version import UNIT_VERSION
+from grammars.compile_futures import CompileFutures
 from grammars.compile_worker import CompileWorker
 from grammars.compiled_grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
@@ -92,6 +93,7 @@ class GrammarCompiler:
         for w in self._workers:
             w.start()  # start now so the first compile does not pay the process start
         self._pool = WorkerTurns(self._workers)
+        self._units = CompileFutures(self._threads, 4 * workers, self.compile_regex, self._pool.prefer)
         if cache_dir and not private_dir(cache_dir):
             self.cache_dir = None
         self._disk = UnitFolder(self.cache_dir, vocabulary.size, CACHE_VERSION)
@@ -161,21 +163,22 @@ class GrammarCompiler:
         """A future of compile_regex(regex): done at once on a memory hit, else compiled in the pool.
         ``background``: no request waits on it yet: it compiles while the engine is idle, unless
         ``prefer`` moves it up."""
-        hit = self.cached(regex)
-        failed = self._failed.get(self._key(regex)) if hit is None else None
-        if hit is not None or failed is not None:
-            future: concurrent.futures.Future = concurrent.futures.Future()
-            if failed is None:
-                future.set_result(hit)
-            else:
-                future.set_exception(failed)
-            return future
-        return self._threads.submit(self.compile_regex, regex, BACKGROUND if background else NEEDED)
+        key = self._key(regex)
+        hit = self._lru.get(key)
+        failed = self._failed.get(key) if hit is None else None
+        if hit is None and failed is None:
+            return self._units.submit(key, regex, BACKGROUND if background else NEEDED)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if failed is None:
+            future.set_result(hit)
+        else:
+            future.set_exception(failed)
+        return future
 
     def prefer(self, regex: str, now: bool = True) -> None:
         """Serve the compile of ``regex``, if it waits for a worker, before the others waiting (a row
         waits on it right now), or (``now`` False) as a compile a request needs, not a background one."""
-        self._pool.prefer(self._key(regex), NOW if now else NEEDED)
+        self._units.hurry(self._key(regex), regex, NOW if now else NEEDED)
 
     def set_engine_idle(self, idle) -> None:
         """``idle()``: whether the engine has nothing to compute (background compiles run then)."""
@@ -240,12 +243,10 @@ class GrammarCompiler:
     async def compile_regex_async(self, regex: str) -> CompiledGrammar:
         return await asyncio.to_thread(self.compile_regex, regex)
 
-    async def compile_json_schema_async(self, schema: dict | str) -> CompiledGrammar:
-        return await asyncio.to_thread(self.compile_json_schema, schema)
-
     def close(self) -> None:
         """Stop the worker processes (after the disk writes queued; warm-ups stop)."""
         self._threads.shutdown(wait=False, cancel_futures=True)
+        self._units.close()
         self._after.close()
         for w in self._workers:
             w.kill()

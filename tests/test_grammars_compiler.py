@@ -89,7 +89,7 @@ def test_timeout_does_not_block_caller(monkeypatch):
 
 def test_async_variant():
     with GrammarCompiler(smollm2_vocabulary()) as compiler:
-        grammar = asyncio.run(compiler.compile_json_schema_async(SCHEMA))
+        grammar = asyncio.run(compiler.compile_regex_async(compiler.schema_regex(SCHEMA)))
         assert grammar.matcher().finished() is False
 
 
@@ -183,6 +183,40 @@ def test_background_units_wait_for_the_engines_idle_time_and_needed_ones_do_not(
         assert preferred.result(timeout=1800).regex == "z[a-z]+" and not background.done()
         busy["engine"] = False
         assert background.result(timeout=1800).regex == "x[a-z]+"
+
+
+def test_a_chosen_unit_is_compiled_while_background_ones_hold_every_thread_the_engine_busy():
+    """Background compiles wait for the engine's idle time, each on a thread. With more of them than
+    the pool had threads (4 a worker), a unit that a request then waited on (its tool chosen:
+    prefer) queued behind them for a thread and, the engine busy, was never compiled (mask_bench's
+    cold replay hung). Now it, and a unit a request needs, compile while those still wait."""
+    with GrammarCompiler(smollm2_vocabulary(), timeout_s=60, workers=1) as compiler:
+        compiler.compile_regex("[0-9]")
+        compiler.set_engine_idle(lambda: False)
+        background = [compiler.submit_regex(f"{c}[a-z]+", background=True) for c in "abcdefgh"]
+        while len(compiler._pool._waiting) < 4:  # every background thread waits for idle time
+            time.sleep(0.01)
+        chosen = compiler.submit_regex("z[a-z]+", background=True)
+        compiler.prefer("z[a-z]+")
+        assert chosen.result(timeout=1800).regex == "z[a-z]+"
+        assert compiler.submit_regex("y[a-z]+").result(timeout=1800).regex == "y[a-z]+"
+        assert not any(f.done() for f in background)
+        compiler.close()
+        assert all(isinstance(f.exception(timeout=1800), GrammarError) for f in background)
+
+
+def test_one_asker_giving_up_does_not_cancel_a_unit_for_the_others():
+    """Requests asking for the same unit share one future and one compile; a client that hangs up
+    (asyncio's wrap_future then cancels what it awaited) cannot cancel it for the rest."""
+    with GrammarCompiler(smollm2_vocabulary(), timeout_s=60, workers=1) as compiler:
+        compiler.compile_regex("[0-9]")
+        compiles = compiler.stats["compiles"]
+        busy = compiler._pool.take(priority=0)
+        first, second = compiler.submit_regex("[a-z]+"), compiler.submit_regex("[a-z]+")
+        assert not first.cancel() and not second.cancelled()
+        compiler._pool.give(busy)
+        assert second.result(timeout=1800).regex == first.result(timeout=1800).regex == "[a-z]+"
+        assert compiler.stats["compiles"] == compiles + 1
 
 
 def test_narrowed_lists_are_made_in_the_background_while_the_engine_idles():
