@@ -51,8 +51,7 @@ def default_workers() -> int:
     return max(1, cores)
 
 
-# What shapes a cached unit besides its regex and vocabulary (grammars/cache_version.py).
-CACHE_VERSION = UNIT_VERSION
+CACHE_VERSION = UNIT_VERSION  # what shapes a cached unit besides its regex and vocabulary
 
 
 class GrammarCompiler:
@@ -247,6 +246,7 @@ class GrammarCompiler:
         """Stop the worker processes (after the disk writes queued; warm-ups stop)."""
         self._threads.shutdown(wait=False, cancel_futures=True)
         self._units.close()
+        self._pool.close()
         self._after.close()
         for w in self._workers:
             w.kill()

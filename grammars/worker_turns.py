@@ -14,6 +14,8 @@ import itertools
 import threading
 from collections.abc import Callable
 
+from grammars.errors import GrammarError
+
 NOW, SCHEMA, NEEDED, BACKGROUND = -1, 0, 1, 2
 _IDLE_POLL_S = 0.05  # how often a background compile looks at the engine again
 
@@ -26,16 +28,27 @@ class WorkerTurns:
         self._wanted: dict[str, int] = {}  # key -> priority asked by prefer() before the compile queued
         self._turn = threading.Condition()
         self.engine_idle = idle or (lambda: True)
+        self._closed = False
 
     def take(self, priority: int, key: str | None = None):
         with self._turn:
             entry = [min(priority, self._wanted.pop(key, priority)), next(self._tickets), key]
             heapq.heappush(self._waiting, entry)
             while not (self._idle and self._waiting[0] is entry and (entry[0] < BACKGROUND or self.engine_idle())):
+                if self._closed:  # its thread ends (a thread left waiting here would hold up the exit)
+                    self._waiting.remove(entry)
+                    heapq.heapify(self._waiting)
+                    raise GrammarError("the grammar compiler was closed")
                 self._turn.wait(timeout=_IDLE_POLL_S if self._waiting[0] is entry else None)
             heapq.heappop(self._waiting)
             self._turn.notify_all()  # the next in line may find another idle worker
             return self._idle.pop()
+
+    def close(self) -> None:
+        """Every compile still waiting for a worker ends with a GrammarError."""
+        with self._turn:
+            self._closed = True
+            self._turn.notify_all()
 
     def give(self, worker) -> None:
         with self._turn:

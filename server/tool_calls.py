@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError
@@ -63,6 +64,7 @@ class PendingTools:
     fields: object  # generation.Fields: how the API names the tools' schemas
     regexes: tuple[str, ...] = ()  # per first-block unit
     name_first_ok: bool = False  # a required call whose units may not all be compiled yet
+    prefer: Callable[..., None] | None = None  # the compiler's prefer(regex, now)
 
     async def name_first(self, state: ServerState, budget: int | None, room: int) -> bool:
         """Whether the request may start before its units are compiled (grammars/name_stage.py);
@@ -72,11 +74,14 @@ class PendingTools:
             return False
         stage = await asyncio.to_thread(name_stage, state.vocabulary, list(self.regexes), self.units,
                                         state.compiler.prefer)
-        if stage is not None and self.constraint.attach_stage(stage, budget, room):
-            return True
-        for regex in self.regexes:  # submitted as background compiles: the request waits on them now
-            state.compiler.prefer(regex, now=False)
-        return False
+        return stage is not None and self.constraint.attach_stage(stage, budget, room)
+
+    def hurry(self) -> None:
+        """The request waits on its units now: those submitted as background compiles (name first
+        allowed them) compile as needed ones, not in the engine's idle time."""
+        if self.name_first_ok:
+            for regex in self.regexes:
+                self.prefer(regex, now=False)
 
     async def wait(self) -> None:
         first = [await self._result(f, i) for i, f in enumerate(self.units)]
@@ -132,7 +137,7 @@ async def build_tool_constraint(state: ServerState, tools: list[dict], choice: T
     names = [tool["function"]["name"] for tool in tools]
     positions = tuple(names.index(name) for name in grammar.names)
     return PendingTools(constraint, grammar.names, positions, units, later, fields, grammar.units,
-                        name_first_ok), frozenset(keep)
+                        name_first_ok, state.compiler.prefer), frozenset(keep)
 
 
 def tool_format_of(state: ServerState) -> ToolFormat:
