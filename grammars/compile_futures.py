@@ -4,11 +4,10 @@ A compile waits on a thread for its turn at a worker process (grammars/worker_tu
 background one (a tool the request has not called yet) waits for the engine's idle time as well.
 While all threads of one pool waited so, a compile that a request then needed (its tool chosen,
 ``prefer``) queued behind them for a thread and never reached its turn: with the engine busy, the
-request waited for as long as others decoded (forever in mask_bench's cold replay, which keeps the
-engine busy). So background compiles run on threads of their own, and a compile a request waits on
-always gets a thread of the needed pool: ``hurry`` starts one there even if the same unit already
-waits in the background; whichever finishes first settles the shared future, and the other finds
-the unit in the memory cache (the compiler's key lock keeps it one compile).
+request waited for as long as others decoded. So background compiles run on threads of their own,
+and a compile a request waits on always gets a thread of the needed pool: ``hurry`` starts one
+there even if the same unit already waits in the background; whichever finishes first settles the
+shared future, and the other finds the unit in the memory cache (the key lock keeps one compile).
 
 A shared future is marked running at once, so that one client hanging up (asyncio's wrap_future
 cancels what it waited on) cannot cancel it for the others.

@@ -66,10 +66,12 @@ def launch(argv: list[str], tp: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _: procs[0].send_signal(signum))
     while True:
-        for rank, proc in enumerate(procs):
-            code = proc.poll()
-            if code is None or (rank > 0 and code == 0 and procs[0].poll() is None):
-                continue  # a follower that ended cleanly was told to stop: rank 0 is ending too
+        ended = [(rank, proc.poll()) for rank, proc in enumerate(procs)]
+        # a follower that ended cleanly was told to stop: rank 0 is ending too
+        ended = [(rank, code) for rank, code in ended
+                 if code is not None and not (rank > 0 and code == 0 and procs[0].poll() is None)]
+        if ended:  # a rank killed by a signal is the cause; a rank that then saw its peer gone exits 1
+            rank, code = min(ended, key=lambda e: (e[1] >= 0, e[0]))
             if rank == 0 and code == 0:
                 return 0 if _stop(procs, "") else 1
             _stop(procs, f"maskd: rank {rank} of {tp} exited with code {code}; stopping the server")
