@@ -80,7 +80,7 @@ def settle(logits: torch.Tensor, tokens: list[int], narrowed: dict[int, SparseMa
     row's own argmax (``tokens[row]``) unless banned, and only then the row masked and argmaxed
     again. logits: [B, V] float on CPU; tokens: B ids, edited in place and returned.
 
-    In C where it is built (grammars/_mask_row.c pick_f32: one call per row, the row not written;
+    In C where it is built (grammars/_mask_row.c pick_f32: one call per row, the row left as it was;
     numpy's indexing and argmax cost 8-12 µs per row in real generations), through the CPython
     extension where Python's headers are present (grammars/_fast_calls.c), else numpy."""
     routine = pick_routine()

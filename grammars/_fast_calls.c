@@ -7,7 +7,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-int64_t pick_f32(const float *logits, int64_t n, const int64_t *ids, int64_t k, int allowed, int64_t best);
+int64_t pick_f32(float *logits, int64_t n, const int64_t *ids, int64_t k, int allowed, int64_t best);
 int64_t merge_ids(const int64_t *ids, int64_t n, const int64_t *on, int64_t k, const int64_t *off, int64_t m,
                   int allowed, int64_t *out);
 int64_t set_bits(const uint32_t *words, int64_t n, int64_t *out, int64_t cap);
@@ -35,7 +35,7 @@ static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         v[i] = PyLong_AsLongLong(args[i]);
         if (v[i] == -1 && PyErr_Occurred()) return NULL;
     }
-    return PyLong_FromLongLong(pick_f32((const float *)(intptr_t)v[0], v[1], (const int64_t *)(intptr_t)v[2],
+    return PyLong_FromLongLong(pick_f32((float *)(intptr_t)v[0], v[1], (const int64_t *)(intptr_t)v[2],
                                         v[3], (int)v[4], v[5]));
 }
 

@@ -102,7 +102,7 @@ def fit(tables, name: tuple, tokens: np.ndarray, least: np.ndarray, limit: int) 
         return NO_TOKENS
     levels = tables._memo.get(("fit-levels",) + name)
     if levels is None:
-        levels = tables._memo.setdefault(("fit-levels",) + name, np.unique(least).tolist())
+        levels = tables._memo.setdefault(("fit-levels",) + name, sorted(set(least.tolist())))
     key = ("fit", bisect.bisect_right(levels, limit)) + name
     got = tables._memo.get(key)
     if got is None:

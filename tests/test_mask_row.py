@@ -69,6 +69,28 @@ def test_the_c_pick_equals_the_numpy_pick(seed, monkeypatch):
     assert c_way[4] == int(masks[4].array[0])  # a forced token, though its logit is the row's least
 
 
+@pytest.mark.parametrize("banned", [3, 1000, 1025, 8192])
+def test_a_banned_pick_over_a_large_vocabulary_leaves_the_row_as_it_was(banned):
+    """The row's own argmax banned on Gemma's 262k vocabulary (the C pick masks the banned logits,
+    argmaxes the row in blocks and puts them back; above 1024 banned ids its buffer is allocated):
+    the first of the largest other logits, with the largest tied across blocks and beside banned
+    ones; the row bit for bit as before; the first token not banned where every other is -inf."""
+    rng = np.random.default_rng(banned)
+    vocab = 262144
+    row = rng.standard_normal(vocab).astype(np.float32)
+    ids = np.sort(rng.choice(np.arange(1, vocab), banned - 1, replace=False))
+    ids = np.union1d(ids, [0])  # token 0 banned: the first token not banned is past it
+    row[ids[-1]] = 9.0  # the row's own argmax, banned
+    free = np.setdiff1d(np.arange(vocab), ids)
+    row[free[[-1, len(free) // 2, 7]]] = 5.0  # the largest allowed, three times: the first wins
+    logits = torch.from_numpy(row.copy()).unsqueeze(0)
+    mask = SparseMask(False, ids, vocab)
+    assert sampling.settle(logits, [int(ids[-1])], {0: mask}) == [int(free[7])]
+    assert np.array_equal(logits[0].numpy(), row)
+    logits[0, free] = float("-inf")
+    assert sampling.settle(logits, [int(ids[-1])], {0: mask}) == [int(free[0])]
+
+
 def test_the_extensions_pick_is_the_ctypes_pick_and_settle_uses_it():
     """Where Python's headers are here the extension is built, and settle() picks through it; its
     pick equals the ctypes routine's on every mask kind, best banned or not, and it refuses a wrong call."""
