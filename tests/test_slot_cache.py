@@ -75,13 +75,50 @@ def test_slots_keep_their_kv_while_others_join_and_leave(shape):
     kv_a = KVSegment(torch.randn(2, 2, 2, 40, 16))
     cache.write(a, kv_a)
     cache.write(b, KVSegment(torch.randn(2, 2, 2, 70, 16)))
-    storage = cache.keys[0].data_ptr()
     c = cache.open(50)
+    storage = cache.keys[0].data_ptr()
     cache.close(b)  # a row in the middle leaves: nothing moves
     assert c == 2 and cache.keys[0].data_ptr() == storage
     assert torch.equal(cache.segment(a, 0, 40).data, kv_a.data)
     assert cache.open(20) == 1, "the lowest free slot is reused"
     cache.check_integrity()
+
+
+def test_slots_grow_by_doubling_and_the_tensors_stay_for_the_next_turn(shape):
+    """One row takes one slot, not all eight; more rows double them. When the last row leaves the
+    tensors stay, and the next turn, no longer than they hold, runs in them as they are."""
+    cache = SlotCache(shape, MaskLayout((None, None), ()), torch.device("cpu"), num_slots=8,
+                      context_length=CONTEXT, budget_bytes=1 << 30)
+    a = cache.open(100)
+    assert cache.allocated == (1, 2 * GRAIN)  # the columns doubled and rounded
+    cache.write(a, KVSegment(torch.randn(2, 2, 2, 60, 16)))
+    b = cache.open(40)
+    assert cache.allocated[0] == 2 and b == 1
+    c = cache.open(40)
+    assert cache.allocated[0] == 4 and (a, b, c) == (0, 1, 2)
+    for slot in (a, b, c):
+        cache.close(slot)
+    storage, allocated = cache.keys[0].data_ptr(), cache.allocated
+    assert cache.open(300) == 0 and cache.keys[0].data_ptr() == storage and cache.allocated == allocated
+    cache.check_integrity()
+
+
+def test_a_turn_after_the_engine_idled_gives_its_own_tokens_in_the_kept_tensors(tiny_model, smollm_tokenizer):
+    """A long request, the engine idle, then a shorter one: the second runs in the first's tensors
+    (no new allocation), over columns the first wrote, and gives the tokens it gives alone."""
+    long_prompt, short_prompt = prompts((300, 120), seed=3)
+    alone = Driver(tiny_model, smollm_tokenizer)
+    expected = alone.submit(short_prompt, max_tokens=16)
+    alone.run()
+    driver = Driver(tiny_model, smollm_tokenizer)
+    driver.submit(long_prompt, max_tokens=16)
+    driver.run()
+    slots = driver.engine.scheduler.slots
+    storage = slots.keys[0].data_ptr()
+    second = driver.submit(short_prompt, max_tokens=16)
+    driver.run()
+    assert slots.keys[0].data_ptr() == storage
+    assert driver.tokens(second) == alone.tokens(expected) and len(alone.tokens(expected)) == 16
 
 
 def test_growth_keeps_the_rows_and_never_passes_the_budget(shape):
