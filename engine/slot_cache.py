@@ -164,7 +164,8 @@ class SlotCache:
         have_slots, have_capacity = self.allocated
         if slots <= have_slots and capacity <= have_capacity:
             return
-        for roomier in (min(self.num_slots, max(slots, 2 * have_slots)), slots):
+        doubled = have_slots if slots <= have_slots else min(self.num_slots, max(slots, 2 * have_slots))
+        for roomier in (doubled, slots):  # only more columns asked: the slots there are kept
             if self._bytes(roomier, max(capacity, have_capacity)) <= self.budget_bytes:
                 slots = roomier
                 break

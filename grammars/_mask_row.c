@@ -83,7 +83,13 @@ int64_t pick_f32(float *logits, int64_t n, const int64_t *ids, int64_t k, int al
         if (ids[i] == first) first++;
     if (first >= n) return -1;
     float near[1024], *kept = k <= 1024 ? near : malloc(k * sizeof(float));
-    if (kept == NULL) return first;
+    if (kept == NULL) {  /* no memory to hold them aside: the scan that skips the banned ids */
+        for (int64_t t = 0, i = 0; t < n; t++) {
+            if (i < k && ids[i] == t) { i++; continue; }
+            if (logits[t] > top) { top = logits[t]; found = t; }
+        }
+        return found < 0 ? first : found;
+    }
     for (int64_t i = 0; i < k; i++)
         if (ids[i] < n) { kept[i] = logits[ids[i]]; logits[ids[i]] = -INFINITY; }
     found = argmax_first(logits, n);

@@ -96,7 +96,9 @@ def test_slots_grow_by_doubling_and_the_tensors_stay_for_the_next_turn(shape):
     assert cache.allocated[0] == 2 and b == 1
     c = cache.open(40)
     assert cache.allocated[0] == 4 and (a, b, c) == (0, 1, 2)
-    for slot in (a, b, c):
+    cache.open(3 * GRAIN)  # only more columns (doubled, capped by the context): the four slots stay four
+    assert cache.allocated == (4, CONTEXT)
+    for slot in (a, b, c, 3):
         cache.close(slot)
     storage, allocated = cache.keys[0].data_ptr(), cache.allocated
     assert cache.open(300) == 0 and cache.keys[0].data_ptr() == storage and cache.allocated == allocated
