@@ -41,7 +41,7 @@ class EngineMetrics:
         self.cache_tokens = Gauge("maskd_prefix_cache_tokens", "Tokens held by the prefix cache", registry=r)
         self.cache_hit_ratio = Gauge("maskd_prefix_cache_hit_ratio",
                                      "Matched / looked-up prompt tokens since start", registry=r)
-        self.batch_bytes = Gauge("maskd_batch_cache_bytes", "KV bytes allocated for the running rows (SlotCache tensors)", registry=r)
+        self.batch_bytes = Gauge("maskd_batch_cache_bytes", "KV bytes allocated for the rows (SlotCache tensors, kept while idle)", registry=r)
         self.ttft = Histogram("maskd_time_to_first_token_seconds", "Submit to first token",
                               buckets=_TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("maskd_time_per_output_token_seconds",
