@@ -4,9 +4,9 @@ outputs, maskd vs the installed peers, xgrammar, outlines, llguidance and llama-
 whose docstring says how each output is judged).
 
     python benchmarks/budget_bench.py [--stride 26] [--limit N] [--slacks 0,5,20] [--stream-all] [--no-peers]
-                                      [--free-only]
+                                      [--free-only] [--model gemma3-270m]
 
-Every --stride-th BFCL row of ../shared/data/maskbench, the embedded model, greedy. Writes
+Every --stride-th BFCL row of ../shared/data/maskbench, the embedded model (or --model), greedy. Writes
 benchmarks/results/budget.json and budget.png.
 """
 
@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--stream-all", action="store_true",
                         help="stream the tools task at every slack (default: at the smallest slack only)")
     parser.add_argument("--no-peers", action="store_true", help="maskd only (no peers)")
+    parser.add_argument("--model", default=None, help="a models.yaml name (default: the embedded model); "
+                        "`make gemma` first for gemma3-270m, the 262k vocabulary")
     parser.add_argument("--free-only", action="store_true",
                         help="only schemas with free-form values ({}, {type: object}, arrays without items: 100 of BFCL)")
     args = parser.parse_args()
@@ -42,7 +44,7 @@ def main() -> None:
         rows = [r for r in rows if "maskdfree" in json.dumps(mark_free_values(r["schema"])[0])]
     rows = rows[::args.stride][:args.limit]
     sizes = dataclasses.replace(Sizes(), budget_schemas=len(rows), slacks=tuple(int(s) for s in args.slacks.split(",")))
-    ctx = BenchContext(model=None, device="auto", models=None, quick=False, tiny=False, schemas=None, sizes=sizes,
+    ctx = BenchContext(model=args.model, device="auto", models=None, quick=False, tiny=False, schemas=None, sizes=sizes,
                        rows=rows)
     run_suite("budget", ctx, RESULTS, no_peers=args.no_peers, stream_all=args.stream_all,
               log=lambda line: print(line, file=sys.stderr, flush=True))
