@@ -76,10 +76,16 @@ def least(tables, end) -> int:
 
 
 def _keep(tables, key: tuple, costs_key: tuple, walked: list) -> None:
-    """Memoise (tokens, the most left after any) at ``key`` and (int64 tokens, int64 the fewest left
-    after each) at ``costs_key``; the costs first, as readers of ``key`` then read them."""
+    """Memoise (tokens, the most left after any) at ``key``, (int64 tokens, int64 the fewest left after
+    each), both read-only and ordered by that fewest, at ``costs_key``, and that fewest as a list at
+    ``("fit-levels",) + key`` (fit); the costs first, as readers of ``key`` then read them."""
     left = [least(tables, end) for _, end in walked]
-    tables._memo[costs_key] = (np.asarray([t for t, _ in walked], dtype=np.int64), np.asarray(left, dtype=np.int64))
+    ordered = sorted(zip(left, (t for t, _ in walked)))
+    tokens = np.asarray([t for _, t in ordered], dtype=np.int64)
+    costs = np.asarray([c for c, _ in ordered], dtype=np.int64)
+    tokens.flags.writeable = costs.flags.writeable = False
+    tables._memo[("fit-levels",) + key] = [c for c, _ in ordered]
+    tables._memo[costs_key] = (tokens, costs)
     tables._memo[key] = ([t for t, _ in walked], max(left, default=0))
 
 
@@ -94,19 +100,18 @@ def leaving_fit(tables, value_state, hole: int, limit: int) -> np.ndarray:
 
 
 def fit(tables, name: tuple, tokens: np.ndarray, least: np.ndarray, limit: int) -> np.ndarray:
-    """tokens[least <= limit] (a list and its costs, as memoised by _keep), memoised in ``tables``
-    under ``name`` per how many of ``least``'s distinct values are at most ``limit``: a budget falls
-    by one a step and keeps the same tokens over many steps (inside a string the value's state stays
-    too), and the boolean index cost 8-30 µs at each budget-narrowed first ask."""
+    """tokens[least <= limit] (a list and its costs as _keep memoised them, ordered by cost: a leading
+    slice), memoised in ``tables`` under ``name`` per how many tokens it keeps: a budget falls by one a
+    step and keeps the same tokens over many steps (inside a string the value's state stays too). A
+    slice of the list, found by bisecting _keep's Python list of costs: a boolean index and the distinct
+    costs of the numpy arrays cost 20-60 us at a budget-narrowed first ask (cold, on Gemma's lists)."""
     if not len(tokens):
         return NO_TOKENS
-    levels = tables._memo.get(("fit-levels",) + name)
-    if levels is None:
-        levels = tables._memo.setdefault(("fit-levels",) + name, sorted(set(least.tolist())))
-    key = ("fit", bisect.bisect_right(levels, limit)) + name
+    count = bisect.bisect_right(tables._memo[("fit-levels",) + name], limit)
+    key = ("fit", count) + name
     got = tables._memo.get(key)
     if got is None:
-        made = tokens[least <= limit]
+        made = tokens[:count]
         made.flags.writeable = False  # shared by every ask that keeps these tokens
         got = tables._memo.setdefault(key, made)
     return got
