@@ -91,20 +91,21 @@ def _keep(tables, key: tuple, costs_key: tuple, walked: list) -> None:
 
 def entering_fit(tables, state: int, limit: int) -> np.ndarray:
     """int64: HoleTables.entering_costs' tokens after which at most ``limit`` tokens are left (memoised: fit)."""
-    return fit(tables, ("enter", state), *tables.entering_costs(state), limit)
+    return fit(tables, ("enter", state), tables.entering_costs(state)[0], limit)
 
 
 def leaving_fit(tables, value_state, hole: int, limit: int) -> np.ndarray:
     """int64: HoleTables.leaving_costs' tokens after which at most ``limit`` tokens are left (memoised: fit)."""
-    return fit(tables, ("leave", value_state, hole), *tables.leaving_costs(value_state, hole), limit)
+    return fit(tables, ("leave", value_state, hole), tables.leaving_costs(value_state, hole)[0], limit)
 
 
-def fit(tables, name: tuple, tokens: np.ndarray, least: np.ndarray, limit: int) -> np.ndarray:
-    """tokens[least <= limit] (a list and its costs as _keep memoised them, ordered by cost: a leading
-    slice), memoised in ``tables`` under ``name`` per how many tokens it keeps: a budget falls by one a
-    step and keeps the same tokens over many steps (inside a string the value's state stays too). A
-    slice of the list, found by bisecting _keep's Python list of costs: a boolean index and the distinct
-    costs of the numpy arrays cost 20-60 us at a budget-narrowed first ask (cold, on Gemma's lists)."""
+def fit(tables, name: tuple, tokens: np.ndarray, limit: int) -> np.ndarray:
+    """The tokens of a list after which at most ``limit`` are left (the list as _keep memoised it,
+    ordered by cost: a leading slice), memoised in ``tables`` under ``name`` per how many tokens it
+    keeps: a budget falls by one a step and keeps the same tokens over many steps (inside a string the
+    value's state stays too). The slice's end is found by bisecting _keep's Python list of costs: a
+    boolean index and the distinct costs of numpy arrays cost 20-60 us at a budget-narrowed first ask
+    (cold, on Gemma's lists)."""
     if not len(tokens):
         return NO_TOKENS
     count = bisect.bisect_right(tables._memo[("fit-levels",) + name], limit)
