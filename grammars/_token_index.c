@@ -124,9 +124,33 @@ static int loops(const int32_t *table, int64_t n, int32_t s, int8_t *memo) {
     return 1;
 }
 
-static int by_token(const void *a, const void *b) {
-    int32_t x = ((const int32_t *)a)[0], y = ((const int32_t *)b)[0];
-    return (x > y) - (x < y);
+/* (token, next) pairs p[0 .. 2n) sorted by token (distinct, >= 0): insertion sort when few, else
+ * least-significant-byte radix sort through tmp[0 .. 2n) (qsort's callback per comparison took a
+ * third of a Gemma-sized compile's walk). */
+static void sort_pairs(int32_t *p, int64_t n, int32_t *tmp) {
+    if (n <= 32) {
+        for (int64_t i = 1; i < n; i++) {
+            int32_t tok = p[2 * i], nxt = p[2 * i + 1];
+            int64_t j = i;
+            for (; j > 0 && p[2 * (j - 1)] > tok; j--) { p[2 * j] = p[2 * (j - 1)]; p[2 * j + 1] = p[2 * (j - 1) + 1]; }
+            p[2 * j] = tok; p[2 * j + 1] = nxt;
+        }
+        return;
+    }
+    uint32_t top = 0;
+    for (int64_t i = 0; i < n; i++) top |= (uint32_t)p[2 * i];
+    int32_t *src = p, *dst = tmp;
+    for (int shift = 0; shift < 32 && (top >> shift); shift += 8) {
+        int64_t at[257] = {0};
+        for (int64_t i = 0; i < n; i++) at[(((uint32_t)src[2 * i] >> shift) & 0xff) + 1]++;
+        for (int d = 0; d < 256; d++) at[d + 1] += at[d];
+        for (int64_t i = 0; i < n; i++) {
+            int64_t k = at[((uint32_t)src[2 * i] >> shift) & 0xff]++;
+            dst[2 * k] = src[2 * i]; dst[2 * k + 1] = src[2 * i + 1];
+        }
+        int32_t *swap = src; src = dst; dst = swap;
+    }
+    if (src != p) memcpy(p, src, (size_t)n * 2 * sizeof *p);
 }
 
 /* 0 on success; -1 malformed input, -2 out of memory, -3 state ids too large, -4 the sentinel is
@@ -159,9 +183,10 @@ int token_index(const trie_t *full, const trie_t *other, const uint8_t *buf, int
     int32_t *stack_node = malloc(nodes * sizeof *stack_node), *stack_state = malloc(nodes * sizeof *stack_state);
     int64_t cap = 1 << 16, n_trans = 0;
     int32_t *pairs = malloc(2 * cap * sizeof *pairs); /* (token, DFA state) pairs, then (token, number) */
+    int32_t *sorting = malloc(2 * cap * sizeof *sorting); /* sort_pairs' second buffer */
     out->off = malloc((n + 1) * sizeof *out->off);
     if (!dense || !table || !accepting || !final || !loop || !memo || !number || !queue || !stack_node
-        || !stack_state || !pairs || !out->off) goto done;
+        || !stack_state || !pairs || !sorting || !out->off) goto done;
     memset(dense, 0xff, (max_id + 1) * sizeof *dense);
     memset(table, 0xff, n * 256 * sizeof *table);
     memset(number, 0xff, n * sizeof *number);
@@ -222,6 +247,8 @@ int token_index(const trie_t *full, const trie_t *other, const uint8_t *buf, int
                     int32_t *grown = realloc(pairs, 2 * cap * sizeof *pairs);
                     if (!grown) goto done;
                     pairs = grown;
+                    free(sorting);
+                    if (!(sorting = malloc(2 * cap * sizeof *sorting))) goto done;
                 }
                 for (int32_t k = 0; k < t->tok_n[node]; k++) {
                     pairs[2 * n_trans] = t->ids[t->tok_at[node] + k];
@@ -233,7 +260,7 @@ int token_index(const trie_t *full, const trie_t *other, const uint8_t *buf, int
                 if (y >= 0) { stack_node[top] = c; stack_state[top++] = y; }
             }
         }
-        qsort(pairs + 2 * start, (size_t)(n_trans - start), 2 * sizeof *pairs, by_token);
+        sort_pairs(pairs + 2 * start, n_trans - start, sorting);
         out->off[head_q] = n_trans;
     }
     out->n_states = tail_q;
@@ -248,7 +275,7 @@ int token_index(const trie_t *full, const trie_t *other, const uint8_t *buf, int
     rc = 0;
 done:
     free(dense); free(table); free(accepting); free(final); free(loop); free(memo); free(number); free(queue);
-    free(stack_node); free(stack_state); free(pairs);
+    free(stack_node); free(stack_state); free(pairs); free(sorting);
     if (rc) token_index_free(out);
     return rc;
 }

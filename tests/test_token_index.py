@@ -130,3 +130,26 @@ def test_a_token_may_leave_an_accepting_state(trie):
 def test_a_regex_holding_the_sentinel_byte_is_left_to_outlines_core(trie):
     assert trie.index("a\x02?") is None
     assert trie.index("a\x02b") is not None  # inside the regex and never at its end: still exact
+
+
+def test_each_states_tokens_come_sorted_whatever_their_ids():
+    """The walk finds a state's tokens in trie order and sorts them by id (insertion sort for a few,
+    radix sort for many): ids scattered up to 2^27 need four byte passes, still equal to outlines-core's."""
+    import random
+
+    from grammars.plain_tokens import PlainTokens
+
+    rng = random.Random(7)
+    pieces = sorted({bytes(rng.choice(b'ab"{}:,0123') for _ in range(rng.randint(1, 4))) for _ in range(3000)})
+    pieces += [bytes([b]) for b in range(256) if bytes([b]) not in pieces]
+    ids = rng.sample(range(1, 1 << 27), len(pieces))
+    token_bytes = dict(zip(ids, pieces))
+    trie = TokenTrie(token_bytes, PlainTokens(token_bytes, max(ids) + 1))
+    vocabulary = outlines_core.Vocabulary(0, {piece: [token] for token, piece in token_bytes.items()})
+    for regex in ('\\{"a":"[^"]*","b":[0-9]+\\}', '"[ab0{]*"'):
+        mine = trie.index(regex)
+        assert mine is not None
+        rows = [mine.explicit(s)[0] for s in range(mine.n_states)]
+        assert any(len(row) > 32 for row in rows) and any(1 < len(row) <= 32 for row in rows)  # both sorts ran
+        assert all((row[1:] > row[:-1]).all() for row in rows)  # ascending: looked up by binary search
+        assert canonical(mine) == canonical(outlines_core.Index(regex, vocabulary), 0)
