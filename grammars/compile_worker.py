@@ -15,6 +15,7 @@ child starts in well under a second.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import select
@@ -26,6 +27,7 @@ import time
 from grammars.errors import CompileTimeout, GrammarError, UnsupportedSchemaError
 
 _STARTUP_TIMEOUT_S = 60.0
+_PIPE_BYTES = 1 << 20  # the default /proc/sys/fs/pipe-max-size
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BOOT = f"import sys; sys.path.insert(0, {_ROOT!r}); from grammars.compile_worker import serve; serve()"
 
@@ -54,6 +56,15 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
 def _read(fd: int, deadline: float | None):
     (size,) = struct.unpack("<Q", _read_exact(fd, 8, deadline))
     return pickle.loads(_read_exact(fd, size, deadline))
+
+
+def _widen(fd: int) -> None:
+    """A pipe of _PIPE_BYTES where Linux allows it (a unit's ~0.1-1 MB of arrays then crosses in one
+    write, not in 64 KB turns of writer and reader: 1 MB each way 3.9 -> 2.2 ms here); else as it is."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+    except OSError:  # over /proc/sys/fs/pipe-max-size, or not Linux
+        pass
 
 
 def serve() -> None:  # runs in the child
@@ -129,6 +140,8 @@ class CompileWorker:
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            _widen(pipe.fileno())
         self._proc.stdin.write(struct.pack("<Q", len(self._blob)) + self._blob)
         self._proc.stdin.flush()
         self._ready = False
