@@ -138,7 +138,7 @@ class GrammarCompiler:
                 self.json_automaton()
                 grammar.hole_tables()
             self._after.later(self._narrowed_ahead, grammar)
-            self._lru.put(key, grammar)
+            self._after.later(list.clear, self._lru.put(key, grammar))  # dropped ones freed off this path
             with self._lock:
                 self._inflight.pop(key, None)
             return grammar

@@ -34,17 +34,19 @@ class GrammarLRU:
                 self.hits += 1
             return grammar
 
-    def put(self, key: str, grammar: CompiledGrammar) -> None:
-        """Keeps ``grammar`` as the newest; drops the oldest while over either bound."""
+    def put(self, key: str, grammar: CompiledGrammar) -> list[CompiledGrammar]:
+        """Keeps ``grammar`` as the newest; drops the oldest while over either bound, and returns
+        them: their memory is freed where the caller lets them go (a grammar a request decoded with
+        holds thousands of memoised masks, ~0.7 ms to free on Gemma 3's vocabulary)."""
         with self._lock:
             self._grammars.pop(key, None)
             self._grammars[key] = grammar
             held = [g.held_bytes() for g in self._grammars.values()]
-            total, dropped = sum(held), 0
+            total, dropped = sum(held), []
             while len(self._grammars) > 1 and (len(self._grammars) > self.size or total > self.max_bytes):
-                self._grammars.popitem(last=False)
-                total -= held[dropped]
-                dropped += 1
+                dropped.append(self._grammars.popitem(last=False)[1])
+                total -= held[len(dropped) - 1]
+        return dropped
 
     def report(self) -> dict:
         """Grammars held and the bytes they hold now (for /metrics)."""
