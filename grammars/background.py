@@ -1,5 +1,6 @@
 """Background: the work a compile leaves for later, which nothing waits on (the unit's disk write,
-warming its hole tables' masks), on one thread of its own.
+warming its hole tables' masks, freeing the grammars the memory cache dropped), on one thread of its
+own.
 
 Warm-ups pause between masks while the engine computes (``pause``): its Python between torch ops
 needs the GIL, and decoding beside them would share it. A disk write (~2 ms of np.savez's Python a
