@@ -16,6 +16,8 @@ import re
 from re import _constants as C  # noqa: N812 - the parser's op codes
 from re import _parser
 
+from grammars.free_values import HOLE
+
 _PICKS = "a0 \"" + "".join(chr(c) for c in range(0x21, 0x7F)) + "\u00e9\u4e00"  # tried in this order
 
 
@@ -40,9 +42,11 @@ def leading_literal(regex: str) -> str | None:
 
 
 def _literal(items: list, out: list[str]) -> bool:
-    """Appends the leading literal of ``items``; True if all of them were literal."""
+    """Appends the leading literal of ``items``; True if all of them were literal. It ends before a
+    free value's HOLE: that byte stands for a JSON value of the unit's automaton, not for text (a
+    vocabulary may hold the byte as a token of its own, which the unit never allows)."""
     for op, av in items:
-        if op is C.LITERAL:
+        if op is C.LITERAL and av != ord(HOLE):
             out.append(chr(av))
         elif op is C.SUBPATTERN and not av[1] and not av[2]:  # a plain group: look inside
             if not _literal(list(av[3]), out):

@@ -37,6 +37,30 @@ def test_a_units_literal_and_a_shortest_text():
     assert leading_literal("(a|b)c") == "" and shortest_text("x(?=y)") is None
 
 
+def test_a_literal_ends_before_a_free_value():
+    """A free value's HOLE byte stands for a JSON value, not for text: the stage writes up to it and
+    waits there for the unit. SmolLM2 and Gemma 3 hold the byte as a token of their own, which the
+    unit never allows (a stage that wrote it failed the hand-over, in a busy server's 25-tool run)."""
+    free = tool_grammar("hermes", [{"type": "function", "function": {"name": "f", "parameters": FREE}}],
+                        lambda s: schema_to_regex(s, free_values=True), parallel=False).units[0]
+    literal = leading_literal(free)
+    assert literal == '\n{"name": "f", "arguments": {"meta":'
+    vocab = smollm2_vocabulary()
+    hole = next(t for t, b in vocab.token_bytes.items() if b == b"\x01")
+    stage, futures = stage_of([free])
+    m = stage.matcher()
+    written = b""
+    while written != literal.encode():
+        assert m.ready() and hole not in allowed(m)
+        options = [t for t in allowed(m) if literal.encode().startswith(written + vocab.token_bytes[t])]
+        token = max(options, key=lambda t: len(vocab.token_bytes[t]))
+        m.advance(token)
+        written += vocab.token_bytes[token]
+    assert not m.ready()  # the value is the unit's to write
+    futures[0].set_result(shared_compiler().compile_regex(free))
+    assert m.ready() and hole not in allowed(m) and allowed(m)
+
+
 def test_the_stage_allows_the_literals_prefixes_holds_at_the_end_and_hands_over():
     """Before any unit is compiled, exactly the tokens that keep the text a prefix of some tool's
     literal; at the chosen tool's literal end it is not ready and prefers that unit; once compiled,
