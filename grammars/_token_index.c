@@ -127,8 +127,9 @@ static int loops(const int32_t *table, int64_t n, int32_t s, int8_t *memo) {
 /* (token, next) pairs p[0 .. 2n) sorted by token (distinct, >= 0): insertion sort when few, else
  * least-significant-byte radix sort through tmp[0 .. 2n) (qsort's callback per comparison took a
  * third of a Gemma-sized compile's walk). */
+#define FEW_PAIRS 32 /* sorted by insertion; more, by radix through a second buffer */
 static void sort_pairs(int32_t *p, int64_t n, int32_t *tmp) {
-    if (n <= 32) {
+    if (n <= FEW_PAIRS) {
         for (int64_t i = 1; i < n; i++) {
             int32_t tok = p[2 * i], nxt = p[2 * i + 1];
             int64_t j = i;
@@ -183,10 +184,11 @@ int token_index(const trie_t *full, const trie_t *other, const uint8_t *buf, int
     int32_t *stack_node = malloc(nodes * sizeof *stack_node), *stack_state = malloc(nodes * sizeof *stack_state);
     int64_t cap = 1 << 16, n_trans = 0;
     int32_t *pairs = malloc(2 * cap * sizeof *pairs); /* (token, DFA state) pairs, then (token, number) */
-    int32_t *sorting = malloc(2 * cap * sizeof *sorting); /* sort_pairs' second buffer */
+    int32_t *sorting = NULL; /* sort_pairs' second buffer: the most pairs of one state so far */
+    int64_t sorting_cap = 0;
     out->off = malloc((n + 1) * sizeof *out->off);
     if (!dense || !table || !accepting || !final || !loop || !memo || !number || !queue || !stack_node
-        || !stack_state || !pairs || !sorting || !out->off) goto done;
+        || !stack_state || !pairs || !out->off) goto done;
     memset(dense, 0xff, (max_id + 1) * sizeof *dense);
     memset(table, 0xff, n * 256 * sizeof *table);
     memset(number, 0xff, n * sizeof *number);
@@ -247,8 +249,6 @@ int token_index(const trie_t *full, const trie_t *other, const uint8_t *buf, int
                     int32_t *grown = realloc(pairs, 2 * cap * sizeof *pairs);
                     if (!grown) goto done;
                     pairs = grown;
-                    free(sorting);
-                    if (!(sorting = malloc(2 * cap * sizeof *sorting))) goto done;
                 }
                 for (int32_t k = 0; k < t->tok_n[node]; k++) {
                     pairs[2 * n_trans] = t->ids[t->tok_at[node] + k];
@@ -259,6 +259,11 @@ int token_index(const trie_t *full, const trie_t *other, const uint8_t *buf, int
                 int32_t y = table[(int64_t)x * 256 + t->byte[c]];
                 if (y >= 0) { stack_node[top] = c; stack_state[top++] = y; }
             }
+        }
+        if (n_trans - start > FEW_PAIRS && n_trans - start > sorting_cap) {
+            free(sorting);
+            sorting_cap = n_trans - start;
+            if (!(sorting = malloc(2 * sorting_cap * sizeof *sorting))) goto done;
         }
         sort_pairs(pairs + 2 * start, n_trans - start, sorting);
         out->off[head_q] = n_trans;

@@ -138,7 +138,9 @@ class GrammarCompiler:
                 self.json_automaton()
                 grammar.hole_tables()
             self._after.later(self._narrowed_ahead, grammar)
-            self._after.later(list.clear, self._lru.put(key, grammar))  # dropped ones freed off this path
+            dropped = self._lru.put(key, grammar)
+            if dropped:  # freed on the background thread, off this path
+                self._after.later(list.clear, dropped)
             with self._lock:
                 self._inflight.pop(key, None)
             return grammar
