@@ -38,7 +38,8 @@ MIN_PY := $(MIN_VENV)/bin/python
 MIN_STAMP := $(MIN_VENV)/.maskd-min-installed
 MIN_TESTS := tests/test_model_families.py tests/test_slot_cache.py tests/test_scheduler.py tests/test_engine.py \
 	tests/test_kv_segment.py tests/test_sampling.py tests/test_grammars_json_schema.py \
-	tests/test_grammars_vocabulary.py tests/test_tool_constraint.py tests/test_json_value.py
+	tests/test_grammars_vocabulary.py tests/test_tool_constraint.py tests/test_json_value.py \
+	tests/test_mask_ahead.py
 
 $(MIN_STAMP): ci/min-constraints.txt
 	$(PYTHON) -m venv $(MIN_VENV)

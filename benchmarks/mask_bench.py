@@ -12,7 +12,9 @@ mask's part of the pick (engine/sampling.py settle()); the row's own argmax is t
 pick and is not counted. Five measures over the same steps:
 
   engine       timed in the engine's step, on the CPU right after the model's forward pass (whose
-               weights have just streamed through every cache: a CPU server's figure).
+               weights have just streamed through every cache: a CPU server's figure), plus the
+               masker's lookup of that step's mask ahead, after the previous step's tokens were
+               appended (ConstraintMasker.ahead; its part is shown apart as engine_ahead).
   host, cold   each request's generation replayed on a grammar compiled afresh and a JSON-value
                automaton made afresh (every state's first visit included), step by step with the
                engine's budgets, the masker and pick as in the engine, on random logits that favour
@@ -65,12 +67,19 @@ from server.state import ServerState
 
 class StepClock:
     """Wraps the engine's ConstraintMasker and settle(): per request, each masked step's (output
-    position, token budget, µs of masker + pick)."""
+    position, token budget, µs of masker + pick, µs of those spent ahead). The masker's lookup
+    ahead (ConstraintMasker.ahead, after the previous step's tokens were appended) counts in the
+    step it was for."""
 
     def __init__(self, masker) -> None:
-        self.masker, self.steps, self.seqs, self._last = masker, {}, {}, None
+        self.masker, self.steps, self.seqs, self._last, self._ahead = masker, {}, {}, None, {}
         self._settle = sampling.settle
         sampling.settle = self.settle
+
+    def ahead(self, seq) -> None:
+        started = time.perf_counter()
+        self.masker.ahead(seq)
+        self._ahead[seq.request.request_id] = (time.perf_counter() - started) * 1e6
 
     def __call__(self, logits, seqs):
         started = time.perf_counter()
@@ -81,7 +90,8 @@ class StepClock:
             if seq.constraint is not None:
                 key = seq.request.request_id
                 self.seqs[key] = seq
-                self._last = [len(seq.output_ids), seq.tokens_left, spent]
+                ahead = self._ahead.pop(key, 0.0)
+                self._last = [len(seq.output_ids), seq.tokens_left, spent + ahead, ahead]
                 self.steps.setdefault(key, []).append(self._last)
         return narrowed
 
@@ -103,7 +113,7 @@ async def replay(constraint, steps: list, output: list[int], masker, vocab_size:
     logits = torch.empty(1, vocab_size)  # [1, V]
     seq = SimpleNamespace(constraint=constraint, tokens_left=None, params=SamplingParams(temperature=0.0))
     times, differ, at = [], 0, 0
-    for position, budget, _ in steps:
+    for position, budget, *_ in steps:
         for token in output[at:position]:
             await ready(constraint)
             constraint.advance(token)
@@ -201,12 +211,20 @@ async def replays(state: ServerState, records: list[dict], masker, label: str) -
         record[f"{label}_differ"] = record.get(f"{label}_differ", 0) + differ
 
 
+def measured(record: dict, label: str) -> list[float]:
+    """µs per masked step of one generation under a measure; "engine_ahead": the part of the
+    engine's looked up ahead (counted in "engine" too)."""
+    if label in ("engine", "engine_ahead"):
+        return [step[2 if label == "engine" else 3] for step in record["steps"]]
+    return record[label]
+
+
 def summarize(records: list[dict]) -> list[dict]:
     table = []
-    for label in LABELS:
+    for label in ("engine", "engine_ahead") + LABELS[1:]:
         for task in ("all", "tools", "json_object", "free_form"):
             rs = [r for r in records if task in ("all", r["task"])]
-            values = [t for r in rs for t in (r[label] if label != "engine" else [s[2] for s in r["steps"]])]
+            values = [t for r in rs for t in measured(r, label)]
             table.append({"measure": label, "task": task, "n": len(values), "p50": pct(values, 0.5),
                           "p90": pct(values, 0.9), "p99": pct(values, 0.99), "max": max(values, default=float("nan")),
                           "picks_differ": sum(r.get(f"{label}_differ", 0) for r in rs)})
@@ -220,7 +238,7 @@ def plot(records: list[dict], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label in LABELS:
-        values = sorted(t for r in records for t in (r[label] if label != "engine" else [s[2] for s in r["steps"]]))
+        values = sorted(t for r in records for t in measured(r, label))
         ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=label)
     ax.set_xscale("log"), ax.set_xlabel("µs per masked step (masker + pick)"), ax.set_ylabel("share of steps")
     for x in (25, 100):
@@ -268,9 +286,9 @@ def main() -> None:
             state.compiler.close()
     table = summarize(records)
     print(f"\n{state.model_name}: µs per masked step (masker + pick), {len(records)} generations")
-    print(f"{'measure':10} {'task':12} {'n':>6} {'p50':>7} {'p90':>7} {'p99':>8} {'max':>8} {'picks differ':>13}")
+    print(f"{'measure':12} {'task':12} {'n':>6} {'p50':>7} {'p90':>7} {'p99':>8} {'max':>8} {'picks differ':>13}")
     for r in table:
-        print(f"{r['measure']:10} {r['task']:12} {r['n']:6} {r['p50']:7.1f} {r['p90']:7.1f} {r['p99']:8.1f}"
+        print(f"{r['measure']:12} {r['task']:12} {r['n']:6} {r['p50']:7.1f} {r['p90']:7.1f} {r['p99']:8.1f}"
               f" {r['max']:8.1f} {r['picks_differ']:13}")
     paused = collections.summary()
     for label, c in paused.items():

@@ -26,12 +26,19 @@ class ConstraintMasker:
     is banned. Writing the mask cost more than the rest of it: -inf over a row of 49k floats 11 us
     (39 us over 262k), ~700 banned ids of a string state 11-30 us.  On CUDA every constrained row
     is filled and the packed bitmask is copied to the device and applied there.
+
+    ``ahead(seq)``, which the engine calls once a row's tokens of a step are appended, looks the
+    row's next SparseMask up then, and the call after the next forward pass takes it from there. On
+    CPU that pass streams the weights through every cache, and the lookup's Python path (the
+    constraint, its matcher, the state's memo) ran there with cold caches: 13 us at p50 and 136 us
+    at p99 over mask_bench's generations (SmolLM2), two thirds of the step's mask time at p99.
     """
 
     def __init__(self, vocab_size: int, max_batch: int):
         self.vocab_size = vocab_size
         self.bitmask = allocate_token_bitmask(max_batch, vocab_size)  # int32 [max_batch, W], CPU
         self._on_device: dict[torch.device, torch.Tensor] = {}
+        self._host = False  # whether the logits were on the CPU (the id lists are only used there)
         pick_routine()  # the C pick (compiled on first use, ~1 s) loads with the engine, not at its first step
 
     def _device_mask(self, device: torch.device) -> torch.Tensor:
@@ -43,13 +50,28 @@ class ConstraintMasker:
         return mask.copy_(self.bitmask, non_blocking=True)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, SparseMask]:
-        """logits: [B, V], row i belongs to seqs[i]; edited in place. Returns the rows left
-        unwritten, with their masks (see the class)."""
+        """logits: [B, V] (V = vocab_size), row i belongs to seqs[i]; edited in place. Returns the
+        rows left unwritten, with their masks (see the class)."""
         narrowed: dict[int, SparseMask] = {}
-        cpu = logits.is_cpu  # torch's attribute calls cost 0.2-1 µs each here: each asked once a step
-        vocab, pickable = (logits.shape[1], logits.dtype == torch.float32) if cpu else (0, False)
-        rows = [row for row, seq in enumerate(seqs) if seq.constraint is not None
-                and not (cpu and self._apply_sparse(logits, row, seq, narrowed, vocab, pickable))]
+        cpu = self._host = logits.is_cpu  # torch's attribute calls cost 0.2-1 µs each here: each asked once a step
+        pickable = cpu and logits.dtype == torch.float32
+        rows = []
+        for row, seq in enumerate(seqs):
+            if seq.constraint is None:
+                continue
+            ahead = getattr(seq, "mask_ahead", None)  # looked up since the constraint last moved: the same answer
+            if cpu and ahead is not None and ahead[0] is seq.constraint and ahead[1] == len(seq.output_ids) \
+                    and ahead[2] == seq.tokens_left:
+                seq.mask_ahead = None
+                sparse, pick = ahead[3], ahead[4]
+            else:
+                sparse, pick = self._lookup(seq) if cpu else (None, False)
+            if sparse is None:
+                rows.append(row)
+            elif pick and pickable:
+                narrowed[row] = sparse
+            else:
+                apply_sparse_mask_inplace(logits[row], sparse)
         if not rows:
             return narrowed
         if len(seqs) > self.bitmask.shape[0]:
@@ -60,18 +82,21 @@ class ConstraintMasker:
             apply_token_bitmask_inplace(logits, self._device_mask(logits.device), rows=rows)
         return narrowed
 
-    @staticmethod
-    def _apply_sparse(logits: torch.Tensor, row: int, seq: Sequence, narrowed: dict[int, SparseMask],
-                      vocab: int, pickable: bool) -> bool:
-        """Mask ``row`` (of ``vocab`` logits; float32 where ``pickable``) from its constraint's SparseMask
-        for this step if it has one that fits (no fill then), or leave it to sample() (``narrowed[row]``);
-        False if it has none."""
+    def ahead(self, seq: Sequence) -> None:
+        """Looks up the SparseMask of seq's next token (its constraint as it stands now, its
+        tokens_left as the next step will set it) for the next call; where the logits are on the CPU
+        and the constraint can answer now (optional ``ready()``), else the call asks then."""
+        seq.mask_ahead = None
+        ready = getattr(seq.constraint, "ready", None)
+        if self._host and (ready is None or ready()):
+            seq.mask_ahead = (seq.constraint, len(seq.output_ids), seq.tokens_left) + self._lookup(seq)
+
+    def _lookup(self, seq: Sequence) -> tuple[SparseMask | None, bool]:
+        """seq's constraint's SparseMask for its next token where it has one that fits (no fill then),
+        or None; and whether the pick may take it as it is (greedy, no logprobs: the row unwritten,
+        sample() picks under it) rather than the row being masked."""
         get = getattr(seq.constraint, "sparse_mask", None)
         sparse = get(seq.tokens_left) if get is not None else None
-        if sparse is None or sparse.vocab_size != vocab:
-            return False
-        if pickable and seq.params.logprobs is None and seq.params.greedy and (not sparse.allowed or sparse.size):
-            narrowed[row] = sparse
-        else:
-            apply_sparse_mask_inplace(logits[row], sparse)
-        return True
+        if sparse is None or sparse.vocab_size != self.vocab_size:
+            return None, False
+        return sparse, seq.params.logprobs is None and seq.params.greedy and (not sparse.allowed or sparse.size > 0)

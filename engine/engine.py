@@ -33,7 +33,9 @@ log = logging.getLogger("maskd.engine")
 
 # A logits hook sees the step's logits [B, V] and its rows, and edits the logits in place; it may
 # return {row: SparseMask} for greedy rows whose mask it left unwritten (ConstraintMasker on CPU):
-# sample() picks their tokens under those masks.
+# sample() picks their tokens under those masks. A hook may also have ``ahead(seq)``, called once a
+# constrained row's tokens of a step are appended and it goes on (ConstraintMasker: its next mask
+# looked up then, not after the next forward pass).
 LogitsHook = Callable[[torch.Tensor, list[Sequence]], "dict[int, SparseMask] | None"]
 
 
@@ -240,6 +242,23 @@ class Engine:
             except Exception as exc:  # e.g. a constraint that refuses its token: that request alone fails
                 log.exception("request %s failed", seq.request.request_id)
                 self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
+        self._ahead([seq for seq in seqs if seq.finish_reason is None and seq.constraint is not None])
+
+    def _ahead(self, seqs: list[Sequence]) -> None:
+        """The hooks' optional ``ahead(seq)``, for rows that go on: their next masks, while the
+        constraints they read are still in the caches (ConstraintMasker.ahead)."""
+        with no_collection():
+            for seq in seqs:
+                seq.tokens_left = _tokens_left(seq)
+                for hook in self.logits_hooks:
+                    ahead = getattr(hook, "ahead", None)
+                    if ahead is not None:
+                        try:
+                            ahead(seq)
+                        except Exception as exc:  # as a refused token: that request alone fails
+                            log.exception("request %s failed", seq.request.request_id)
+                            self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
+                            break
 
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
         """Appends the sampled token, then any tokens the constraint forces (jump-forward). Where a

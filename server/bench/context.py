@@ -64,7 +64,14 @@ class TimedMasker:
     many such rows it masked; `on` switches the recording."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.on, self.calls = inner, False, []
+        self.inner, self.on, self.calls, self._ahead = inner, False, [], 0.0
+
+    def ahead(self, seq) -> None:
+        """The masker's lookups ahead (ConstraintMasker.ahead) count in the next timed call."""
+        started = time.perf_counter()
+        self.inner.ahead(seq)
+        if self.on:
+            self._ahead += time.perf_counter() - started
 
     def __call__(self, logits, seqs):
         if not self.on:
@@ -73,7 +80,8 @@ class TimedMasker:
         started = time.perf_counter()
         narrowed = self.inner(logits, seqs)
         if rows:
-            self.calls.append((time.perf_counter() - started, rows))
+            self.calls.append((time.perf_counter() - started + self._ahead, rows))
+            self._ahead = 0.0
         return narrowed
 
 
