@@ -11,6 +11,7 @@ from grammars import schema_to_regex
 from grammars.tool_formats import get_tool_format
 from grammars.tool_formats.call_regex import call_alternatives
 from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+from grammars import unit_union
 from grammars.unit_union import UnitUnion
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -131,3 +132,29 @@ def test_the_vocabulary_has_units_for_each_format():
     assert mistral.units[0].startswith(r" ?\[") and not mistral.next_units[0].startswith(r" ?\[")
     assert mistral.separator == ", " and mistral.end == "]"
     assert smollm2_vocabulary().size == 49152
+
+
+@pytest.mark.parametrize("regexes,side", [([r'\{"name": "get_weather"\}', r'\{"name": "get_weekday"\}', r'\{"name": "add"\}'], True),
+                                          ([r'"[^"]*"1', r'"[^"\n]*"2', r'"[a-z ]*"3'], False)])
+def test_a_union_merged_from_the_units_id_lists_equals_the_union_of_their_rows(regexes, side):
+    """A union's first visit is merged from its units' id lists (no rows; the allowed lists joined, or
+    the banned lists' common ids less the allowed ones): on random walks, each merged mask allows the
+    tokens the union's row (the units' rows ORed) allows."""
+    compiler = shared_compiler()
+    union = UnitUnion([compiler.compile_regex(regex) for regex in regexes])
+    unit_union._UNION_CACHE.clear()
+    merged = 0
+    for seed in range(4):
+        matcher, rng = union.matcher(), random.Random(seed)
+        for _ in range(12):
+            sparse = matcher.sparse_mask()
+            fresh = [e for e in unit_union._UNION_CACHE.values() if e is not unit_union._ASKED and e[0] is None]
+            merged += sum(e[1].allowed == side for e in fresh)
+            choices = allowed(matcher)  # the row: made now, beside the merged mask
+            if sparse is not None:
+                ids = set(sparse.array.tolist())
+                assert (ids if sparse.allowed else set(range(union.vocabulary.size)) - ids) == choices
+            if matcher.is_terminated() or not choices:
+                break
+            matcher.advance(rng.choice(sorted(choices)))
+    assert merged > 0

@@ -85,7 +85,8 @@ def test_masks_looked_up_ahead_give_the_tokens_of_masks_looked_up_after_the_pass
     tokens = [[t for e in events for t in e.token_ids] for events in ahead]
     assert tokens == [[t for e in events for t in e.token_ids] for events in after]
     for events in ahead[1:]:
-        assert events[-1].finish_reason == "stop" and set(json.loads("".join(e.text for e in events))) == set(SCHEMA["required"])
+        text = "".join(e.text for e in events)
+        assert events[-1].finish_reason == "stop" and set(json.loads(text)) == set(SCHEMA["required"])
     assert counting.masked > 3 * len(BUDGETS) and counting.taken == counting.masked - len(BUDGETS)
 
 
