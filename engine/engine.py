@@ -247,18 +247,18 @@ class Engine:
     def _ahead(self, seqs: list[Sequence]) -> None:
         """The hooks' optional ``ahead(seq)``, for rows that go on: their next masks, while the
         constraints they read are still in the caches (ConstraintMasker.ahead)."""
+        aheads = [hook.ahead for hook in self.logits_hooks if getattr(hook, "ahead", None) is not None]
+        if not aheads:
+            return
         with no_collection():
             for seq in seqs:
                 seq.tokens_left = _tokens_left(seq)
-                for hook in self.logits_hooks:
-                    ahead = getattr(hook, "ahead", None)
-                    if ahead is not None:
-                        try:
-                            ahead(seq)
-                        except Exception as exc:  # as a refused token: that request alone fails
-                            log.exception("request %s failed", seq.request.request_id)
-                            self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
-                            break
+                try:
+                    for ahead in aheads:
+                        ahead(seq)
+                except Exception as exc:  # as a refused token: that request alone fails
+                    log.exception("request %s failed", seq.request.request_id)
+                    self._finish(seq, "error", error=f"{type(exc).__name__}: {exc}")
 
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> None:
         """Appends the sampled token, then any tokens the constraint forces (jump-forward). Where a

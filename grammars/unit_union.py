@@ -185,8 +185,10 @@ class UnionMatcher:
                     else:
                         self._matchers[i].fill(scratch, budget)
                         union.bitwise_or_(scratch)
-                merged = hit[1] if hit is not None and hit is not _ASKED else None  # the row asked for later
-                entry = (union, merged or sparse_mask(union, self.vocabulary.size))
+                if hit is not None and hit is not _ASKED:  # merged before; only the row was missing
+                    entry = (union, hit[1])
+                else:
+                    entry = (union, sparse_mask(union, self.vocabulary.size))
         with _LOCK:
             _UNION_CACHE[key] = entry
             _UNION_CACHE.move_to_end(key)
