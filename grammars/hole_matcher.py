@@ -35,6 +35,7 @@ class HoleMatcher:
         self.hole = -1  # the unit's state where the open value started
         self._history: list[tuple] = []  # per token: (unit steps, value before, hole before, value stepped)
         self.budget_forced = False
+        self._here = (None, -1, None, -1, None, 0)  # (value, its q, its frame, hole, sparse, safe) last asked
 
     @property
     def state(self):
@@ -78,15 +79,32 @@ class HoleMatcher:
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
         """The tokens fill(row, budget) would allow as a SparseMask, or None (then fill); narrowed by
         the budget, from the second ask of this state and budget on (``_narrowed``)."""
-        if self.value is not None:  # one memo lookup: the mask and the budget from which it is whole
-            _, sparse, safe = self.tables.value_entry(self.value, self.hole)
+        value, here = self.value, self._here
+        if value is not None:  # one memo lookup: the mask and the budget from which it is whole
+            if here[0] is value and here[1] == value._q and here[2] is value._frame and here[3] == self.hole:
+                sparse, safe = here[4], here[5]  # asked where the last ask was (in a string): its answer
+            else:
+                _, sparse, safe = self.tables.value_entry(value, self.hole)
+                if sparse is not None and safe is not None:  # a first ask's None may turn into a list later
+                    self._here = (value, value._q, value._frame, self.hole, sparse, safe)
             if budget is not None and (budget < safe if safe is not None else self.narrows(budget)):
                 return self._narrowed(budget)
             return sparse
-        if self.narrows(budget):
+        if self.unit._terminated:
+            return self.unit.sparse_mask()
+        state = self.unit.state
+        if here[0] is None and here[3] == state:  # in the unit where the last ask was
+            sparse, safe = here[4], here[5]
+        else:
+            sparse, safe = None, self.tables.unit_safe(state)
+        if budget is not None and budget < safe:  # as narrows(budget)
             return self._narrowed(budget)
-        mask = self._mask()
-        return self.unit.sparse_mask() if mask is None else mask[1]
+        if sparse is None:
+            mask = self.tables.unit_mask(state)
+            sparse = self.unit.sparse_mask() if mask is None else mask[1]
+            if sparse is not None:
+                self._here = (None, -1, None, state, sparse, safe)
+        return sparse
 
     def _narrowed(self, budget: int) -> SparseMask | None:
         """The mask _fill_budget makes here, memoised per (state, budget) as a SparseMask from its

@@ -29,7 +29,7 @@ _FORCED_LIMIT = 256
 class Matcher:
     """Per-request automaton state; cheap to create, not thread-safe."""
 
-    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced")
+    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced", "_here")
 
     def __init__(self, grammar: CompiledGrammar, max_rollback: int = 4096) -> None:
         self.grammar = grammar
@@ -40,6 +40,7 @@ class Matcher:
         self._steps = 0  # tokens consumed (EOS included)
         self._max_rollback = max_rollback
         self.budget_forced = False  # a token budget narrowed a mask at least once
+        self._here = (-1, 0, None)  # (state, safe budget, its SparseMask or None) last asked: see sparse_mask
 
     @property
     def state(self) -> int:
@@ -101,12 +102,20 @@ class Matcher:
         (None on its first ask: then fill; CompiledGrammar.budget_sparse)."""
         if self._terminated:
             return self.grammar.nothing_allowed
-        if budget is not None and budget < self.grammar.budget.safe_budget(self._guide.get_state()):
+        state, here = self._guide.get_state(), self._here  # a state asked again (in a string) reads its last answer
+        if here[0] != state:
+            here = self._here = (state, self.grammar.budget.safe_budget(state), None)
+        if budget is not None and budget < here[1]:
             # as _budget_mask(budget) is not None, read from one memo
             sparse = self.grammar.budget_sparse(self._guide, max(budget - 1, self.min_tokens() - 1))
             self.budget_forced |= sparse is not None
             return sparse
-        return self.grammar.state_sparse_mask(self._guide)
+        if here[2] is None:  # None may turn into a list on a later ask (state_sparse_mask): kept once it has
+            sparse = self.grammar.state_sparse_mask(self._guide)
+            if sparse is not None:
+                self._here = (state, here[1], sparse)
+            return sparse
+        return here[2]
 
     def accepts(self, token_id: int) -> bool:
         """Whether ``token_id`` may come next."""
