@@ -34,6 +34,7 @@ class ToolCallConstraint:
         if not required and trigger is None:
             raise GrammarError("an auto-mode tool constraint needs trigger masks for its opening delimiter")
         self.tokens = tokens
+        self._tail_tokens = len(tokens.close) + len(tokens.end)  # _tail(), read at every masked step
         self.trigger = trigger
         self.vocabulary = vocabulary
         self.eos = vocabulary.eos_token_ids
@@ -159,7 +160,7 @@ class ToolCallConstraint:
         asked for the first time (SecondAsk), and in TEXT where it rules out a call or at a
         bare-object start (``fill`` checks `{` tokens there)."""
         if self._phase == CALL:
-            sparse = self._matcher.sparse_mask(None if budget is None else budget - self._tail())
+            sparse = self._matcher.sparse_mask(None if budget is None else budget - self._tail_tokens)
             self._budget_forced |= self._matcher.budget_forced
             return sparse
         if self._phase == TEXT:
@@ -192,7 +193,7 @@ class ToolCallConstraint:
 
     def _tail(self) -> int:
         """Tokens forced after the open block: its close and the list's end."""
-        return len(self.tokens.close) + len(self.tokens.end)
+        return self._tail_tokens
 
     @property
     def budget_forced(self) -> bool:

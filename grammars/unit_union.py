@@ -73,7 +73,10 @@ class UnionMatcher:
         """Whether a budget narrowed a mask here. Read at every step (ToolCallConstraint), so only
         the live units are asked: a unit's mask was narrowed while others were live only through
         this union's fill or _narrowed, which set the union's own flag."""
-        return self._budget_forced or any(self._matchers[i].budget_forced for i in self._live)
+        live = self._live
+        if len(live) == 1:  # most steps: one tool left (no generator to make)
+            return self._budget_forced or self._matchers[live[0]].budget_forced
+        return self._budget_forced or any(self._matchers[i].budget_forced for i in live)
 
     def fill(self, row: torch.Tensor, budget: int | None = None) -> None:
         """row: int32 [W]; the union of the live units' masks (under ``budget``, of the units that can
@@ -98,9 +101,8 @@ class UnionMatcher:
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
         """The union's memoised SparseMask, or None (then fill): both sides are long, or a budget
         narrows a live unit's mask and this narrowed union is asked for the first time."""
-        only = self.only
-        if only is not None:
-            return only.sparse_mask(budget)
+        if len(self._live) == 1:  # as ``only``, without the property's call
+            return self._matchers[self._live[0]].sparse_mask(budget)
         live = self._within(budget)
         if budget is not None and any(self._matchers[i].narrows(budget) for i in live):
             return self._narrowed(live, budget)
