@@ -110,6 +110,54 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
         assert any(key[0] == "budget" for key in _UNION_CACHE)  # narrowed while two units were live
 
 
+@pytest.mark.parametrize("case", range(6))
+def test_the_last_asks_kept_by_the_matchers_follow_detours_and_rollbacks(case):
+    """Matcher, JsonValueMatcher and HoleMatcher keep the last state's safe budget and whole mask
+    (``_here``). After a detour (another allowed token) and its rollback, and at every step, the masks
+    asked are still what fill(row, budget) allows, whether asked where the detour began or only after
+    the next real token: the kept answer is only read where it was made."""
+    name, constraint, tokens = list(_constraints())[case]
+    size = smollm2_vocabulary().size
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+    eos = set(smollm2_vocabulary().eos_token_ids)
+
+    def check():
+        for budget in (None, 2, 6, 40):
+            for _ in range(2):  # the second ask gets an id list where a first one had none
+                mask = constraint.sparse_mask(budget)
+            if mask is None:
+                continue
+            constraint.fill(row, budget)
+            expected = sparse_mask(row, size)
+            assert expected is not None and mask.allowed == expected.allowed, (name, budget)
+            assert np.array_equal(mask.array, expected.array), (name, budget)
+
+    def whole_after(token):
+        constraint.advance(token)
+        constraint.fill(row, None)
+        constraint.rollback(1)
+        return row.clone()
+
+    detours = 0
+    for i, token in enumerate(tokens):
+        check()
+        if i % 3 == 1:  # a detour to a state whose mask differs from the next one's: a kept answer read
+            constraint.fill(row, None)  # there would be wrong after the rollback and the real token
+            bits = np.unpackbits(row.numpy().view(np.uint8), bitorder="little")[:size]
+            after = whole_after(token)
+            others = [int(t) for t in np.flatnonzero(bits)[:200] if t != token and t not in eos]
+            other = next((t for t in others if not torch.equal(whole_after(t), after)), None)
+            if other is not None:
+                constraint.advance(other)
+                check()
+                constraint.rollback(1)
+                detours += 1
+                if detours % 2:  # asked where the detour began; else next after the real token (below)
+                    check()
+        constraint.advance(token)
+    assert detours >= 3, name
+
+
 def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
     """grammars/narrowed_ahead.py warm_narrowed makes the narrowed id lists of a grammar's unit states
     and of the value states whose whole masks are made ahead, at every budget that narrows them (up to
