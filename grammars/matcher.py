@@ -40,7 +40,7 @@ class Matcher:
         self._steps = 0  # tokens consumed (EOS included)
         self._max_rollback = max_rollback
         self.budget_forced = False  # a token budget narrowed a mask at least once
-        self._here = (-1, 0, None)  # (state, safe budget, its SparseMask or None) last asked: see sparse_mask
+        self._here = (None, 0, None)  # (state, safe budget, its SparseMask or None) last asked: see sparse_mask
 
     @property
     def state(self) -> int:
