@@ -5,8 +5,9 @@ offered, and the value's first tokens (and the tokens that reach the hole throug
 text, such as `:{"`) are. Inside a value, a JsonValueMatcher runs it, and the tokens that end it and
 go on in the unit are allowed too (`}}`, `"},"`, `1,"` even where `"` starts the next value); when a
 token leaves a value, the unit takes the sentinel and the rest of the token (HoleTables.run). Masks
-come memoised from HoleTables (grammars/hole_tables.py); the interface is Matcher's, so the engine,
-UnitUnion and the tool constraint use it unchanged.
+come memoised from HoleTables (grammars/hole_tables.py), budget-narrowed ones merged from id lists
+where they can be (grammars/hole_ids.py); the interface is Matcher's, so the engine, UnitUnion and
+the tool constraint use it unchanged.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch
 from grammars.bitmask import words_off, words_on
 from grammars.errors import GrammarError
 from grammars.hole_crossings import entering_fit, leaving_fit
+from grammars.hole_ids import budget_ids
 from grammars.hole_tables import value_at
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.matcher import Matcher
-from grammars.sparse_mask import SparseMask, allowed_sparse, changed
+from grammars.sparse_mask import SparseMask
 from grammars.value_exits import EXIT_DEPTH
 
 
@@ -35,7 +37,7 @@ class HoleMatcher:
         self.hole = -1  # the unit's state where the open value started
         self._history: list[tuple] = []  # per token: (unit steps, value before, hole before, value stepped)
         self.budget_forced = False
-        self._here = (None, -1, None, -1, None, 0)  # (value, its q, its frame, hole, sparse, safe) last asked
+        self._here = (None, -1, None, None, None, 0)  # (value or None, its q, frame, hole or unit state, sparse, safe)
 
     @property
     def state(self):
@@ -78,7 +80,9 @@ class HoleMatcher:
 
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
         """The tokens fill(row, budget) would allow as a SparseMask, or None (then fill); narrowed by
-        the budget, from the second ask of this state and budget on (``_narrowed``)."""
+        the budget, from the second ask of this state and budget on (``_narrowed``). The last state's
+        whole mask and safe budget are kept (``_here``, as Matcher and JsonValueMatcher keep theirs):
+        inside a string the next ask is made where the last one was."""
         value, here = self.value, self._here
         if value is not None:  # one memo lookup: the mask and the budget from which it is whole
             if here[0] is value and here[1] == value._q and here[2] is value._frame and here[3] == self.hole:
@@ -111,7 +115,7 @@ class HoleMatcher:
         second ask on (HoleTables.narrowed, a SecondAsk; from the first where made from id lists)."""
         deep = self.value is not None and len(self.value.state[1]) > EXIT_DEPTH
         key = self._deep_key(budget) if deep else (self.state, budget)
-        sparse = self.tables.narrowed.get(key, lambda: self._budget_row(budget), lambda: self._budget_ids(budget))
+        sparse = self.tables.narrowed.get(key, lambda: self._budget_row(budget), lambda: budget_ids(self, budget))
         self.budget_forced |= sparse is not None
         return sparse
 
@@ -124,67 +128,6 @@ class HoleMatcher:
         automaton = tables.automaton
         own = automaton.budget_key(value._q, value._frame, room) or id(automaton.entry(value._q, value._frame))
         return ("deep", self.grammar.is_final(after), own)
-
-    def _budget_ids(self, budget: int) -> SparseMask | None:
-        """Inside a value, _fill_budget's mask made from id lists (the value's narrowed or whole mask,
-        less EOS, and the leaving tokens that fit) where one side is short; else None."""
-        if self.value is None:
-            return self._unit_budget_ids(budget)
-        tables, value = self.tables, self.value
-        after = tables.hole_after(self.hole)
-        room = budget - self.grammar.min_tokens(after)
-        fit = leaving_fit(tables, value.state, self.hole, budget - 1)
-        if room < 1:
-            return allowed_sparse(fit, tables.size) if len(fit) else None
-        automaton = tables.automaton
-        own = (automaton.budget_sparse(value._q, value._frame, room)
-               if room < automaton.safe_budget(value._q, value._frame) else automaton.entry(value._q, value._frame).sparse)
-        # many budgets keep the same tokens; where no leaving token fits, the mask is ``own``'s alone, shared by the
-        # value states and holes that share ``own``. Keys hold ``own`` itself (hashed by identity), never its address:
-        # a list that two threads made at once is dropped by its memo, and a freed address may name another list
-        key = (("narrowed", value.state, self.hole, own, len(fit)) if len(fit)
-               else ("narrowed-own", own, self.grammar.is_final(after)))
-        return tables.kept(key, lambda: self._merged(own, fit, after))
-
-    def _merged(self, own: SparseMask | None, fit: np.ndarray, after: int) -> SparseMask | None:
-        clear = [] if self.grammar.is_final(after) else list(self.tables.automaton.eos_token_ids)
-        got = changed(own, fit, clear)
-        return None if got is not None and got.allowed and not len(got.array) else got
-
-    def _unit_budget_ids(self, budget: int) -> SparseMask | None:
-        """In the unit, _fill_budget's mask made from id lists (the unit's narrowed or whole mask less
-        the sentinel, the entering tokens that fit and, at a hole, the value's first tokens that fit,
-        EOS not among them) where one side is short; else None."""
-        tables, automaton = self.tables, self.tables.automaton
-        if self.unit._terminated:
-            return None
-        state = self.unit.state
-        fit = []
-        if tables.near_hole(state):
-            fit = entering_fit(tables, state, budget - 1)
-        own, start = self.unit.sparse_mask(budget), None
-        if tables.is_hole(state):
-            room = budget - self.grammar.min_tokens(tables.hole_after(state))
-            q, frame = automaton.initial("value")
-            first = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
-                     else automaton.entry(q, frame).sparse)
-            start = (room < 1, first)
-        # only a hole's state has an edge for the sentinel (its tokens start with it): elsewhere no merge clears it
-        clear = tables.sentinel_ids if start is not None else []
-        # many budgets keep the same tokens; the key holds the masks it names (see _budget_ids)
-        return tables.kept(("narrowed", state, own, len(fit), start),
-                           lambda: self._unit_merged(own, fit, start, clear))
-
-    def _unit_merged(self, own: SparseMask | None, fit: np.ndarray, start: tuple | None, clear) -> SparseMask | None:
-        """_unit_budget_ids' mask from the unit's (narrowed) mask less the tokens ``clear``, the entering
-        tokens that fit and, at a hole, (no value fits, the value's (narrowed) first tokens)."""
-        got = changed(own, fit, clear)
-        if got is None or start is None:
-            return got
-        if start[0] and (not got.allowed or len(got.array)):  # no value fits, and the unit's tokens are there
-            return got
-        first = changed(start[1], [], list(self.tables.automaton.eos_token_ids))
-        return changed(got, first.array, []) if first is not None and first.allowed else None
 
     def _budget_row(self, budget: int) -> torch.Tensor:
         row = torch.zeros(self.tables.width, dtype=torch.int32)  # [W]

@@ -13,6 +13,7 @@ way (``warm_budget_cuts``).
 
 from __future__ import annotations
 
+from grammars.hole_ids import budget_ids
 from grammars.hole_matcher import HoleMatcher
 from grammars.hole_tables import _ENDINGS, _STACKS, value_at
 from grammars.unit_index import IndexCursor
@@ -56,7 +57,7 @@ def warm_narrowed(grammar, tables, most: int | None = None, pause=lambda: None) 
             safe = tables.value_entry(probe.value, probe.hole)[2] or 0
         least = max(1, probe.min_tokens())  # the engine never leaves fewer: a call opens only where it can close
         for budget in range(least, min(safe, least + left)):
-            tables.narrowed.put((probe.state, budget), lambda: probe._budget_ids(budget))
+            tables.narrowed.put((probe.state, budget), lambda: budget_ids(probe, budget))
         left -= max(0, safe - least)
         if left <= 0:
             break
