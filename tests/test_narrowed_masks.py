@@ -83,6 +83,14 @@ def _constraints():
     yield "union", constraint, encode('<tool_call>\n{"name": "forecast_hourly", "arguments": {"city":"Oslo"}}\n</tool_call>')
 
 
+def _assert_is_the_fill(mask, constraint, budget, row, name):
+    """``mask`` allows what constraint.fill(row, budget) allows (row: int32 [W], scratch)."""
+    constraint.fill(row, budget)
+    expected = sparse_mask(row, mask.vocab_size)
+    assert expected is not None and mask.allowed == expected.allowed, (name, budget)
+    assert np.array_equal(mask.array, expected.array), (name, budget)
+
+
 @pytest.mark.parametrize("case", range(6))
 def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
     name, constraint, tokens = list(_constraints())[case]
@@ -95,12 +103,8 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
             first = constraint.sparse_mask(budget)  # the first ask: an id list only where made without a row
             got = constraint.sparse_mask(budget)
             for mask in (first, got):
-                if mask is None:
-                    continue
-                constraint.fill(row, budget)
-                expected = sparse_mask(row, size)
-                assert expected is not None and mask.allowed == expected.allowed, (name, budget)
-                assert np.array_equal(mask.array, expected.array), (name, budget)
+                if mask is not None:
+                    _assert_is_the_fill(mask, constraint, budget, row, name)
             narrowed += got is not None and got is not whole
             first_asks += first is not None and first is not whole
         constraint.advance(token)
@@ -125,12 +129,8 @@ def test_the_last_asks_kept_by_the_matchers_follow_detours_and_rollbacks(case):
         for budget in (None, 2, 6, 40):
             for _ in range(2):  # the second ask gets an id list where a first one had none
                 mask = constraint.sparse_mask(budget)
-            if mask is None:
-                continue
-            constraint.fill(row, budget)
-            expected = sparse_mask(row, size)
-            assert expected is not None and mask.allowed == expected.allowed, (name, budget)
-            assert np.array_equal(mask.array, expected.array), (name, budget)
+            if mask is not None:
+                _assert_is_the_fill(mask, constraint, budget, row, name)
 
     def whole_after(token):
         constraint.advance(token)
