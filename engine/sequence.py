@@ -88,7 +88,7 @@ class Sequence:
         self.cached_tokens = 0  # prompt tokens whose KV came from the prefix cache
         self.prefix_node = None  # the prefix cache node this request locks (engine.radix_node.RadixNode)
         self.tokens_left = request.params.max_tokens  # set by the engine before each step's masks
-        self.mask_ahead = None  # (constraint, outputs, tokens_left, SparseMask | None): ConstraintMasker.ahead
+        self.mask_ahead = None  # (constraint, outputs, tokens_left, SparseMask | None, pick): ConstraintMasker.ahead
         self.bias = None  # (ids, values) tensors of params.logit_bias, made on first use (sampling.py)
         self.penalties = make_penalties(request.params)  # None without presence/frequency penalties
         self.stop_string: str | None = None  # the stop string that ended the request, if one did
