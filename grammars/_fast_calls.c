@@ -6,6 +6,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 int64_t pick_f32(float *logits, int64_t n, const int64_t *ids, int64_t k, int allowed, int64_t best);
 int64_t merge_ids(const int64_t *ids, int64_t n, const int64_t *on, int64_t k, const int64_t *off, int64_t m,
@@ -39,29 +41,92 @@ static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                                         v[3], (int)v[4], v[5]));
 }
 
-/* merge(ids, on, off, allowed, out) -> int: merge_ids (grammars/_merge_ids.c) over int64 arrays; out
- * holds at least len(ids) + len(on) + len(off). */
-static PyObject *merge(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Py_buffer v[4];
-    int taken = 0;
-    int64_t n = -1;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "merge() takes ids, on, off, allowed, out");
+/* The ints of ``obj`` as int64: a flat C-contiguous buffer of 8-byte ints read in place (*owned 0),
+ * else (4-byte ints, or any sequence of ints) copied into memory the caller frees (*owned 1). 0, or -1
+ * with an error set (nothing held). */
+static int int64s(PyObject *obj, int64_t **items, Py_ssize_t *n, Py_buffer *view, int *owned) {
+    *owned = 0;
+    view->obj = NULL;
+    if (PyObject_GetBuffer(obj, view, PyBUF_ND | PyBUF_FORMAT) == 0) {
+        char kind = view->format ? view->format[strlen(view->format) - 1] : 'B';
+        int integer = strchr("bBhHiIlLqQnN", kind) != NULL;
+        if (view->ndim <= 1 && integer && view->itemsize == 8 && strchr("lqn", kind)) {
+            *items = view->buf, *n = view->len / 8;
+            return 0;
+        }
+        if (view->ndim <= 1 && integer && view->itemsize == 4 && kind == 'i') {
+            const int32_t *from = view->buf;
+            *n = view->len / 4;
+            *items = malloc((size_t)(*n + 1) * sizeof(int64_t));
+            for (Py_ssize_t i = 0; *items && i < *n; i++) (*items)[i] = from[i];
+            PyBuffer_Release(view);
+            view->obj = NULL;
+            *owned = 1;
+            return *items ? 0 : (PyErr_NoMemory(), -1);
+        }
+        PyBuffer_Release(view);
+        view->obj = NULL;
+    }
+    PyErr_Clear();
+    PyObject *seq = PySequence_Fast(obj, "expected a flat array or a sequence of ints");
+    if (!seq) return -1;
+    *n = PySequence_Fast_GET_SIZE(seq);
+    *items = malloc((size_t)(*n + 1) * sizeof(int64_t));
+    if (!*items) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            free(*items);
+            Py_DECREF(seq);
+            return -1;
+        }
+        (*items)[i] = v;
+    }
+    Py_DECREF(seq);
+    *owned = 1;
+    return 0;
+}
+
+static void release(int64_t *items, Py_buffer *view, int owned) {
+    if (owned) free(items);
+    else if (view->obj) PyBuffer_Release(view);
+}
+
+/* merged(ids, allowed, on, off) -> bytearray of int64: merge_ids's result in one call, its inputs
+ * read as they come (int64 or int32 arrays, or sequences of ints; on and off in any order). A
+ * state's first narrowed visit merged through ~8 numpy calls around merge (conversions, a sort, the
+ * output and its slice), each several us with the caches cold after a forward pass. */
+static PyObject *merged(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    int64_t *items[3] = {NULL, NULL, NULL};
+    Py_ssize_t n[3];
+    Py_buffer views[3];
+    int owned[3], taken = 0, allowed;
+    PyObject *out = NULL;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "merged() takes ids, allowed, on, off");
         return NULL;
     }
-    int allowed = PyObject_IsTrue(args[3]);
-    PyObject *arrays[4] = {args[0], args[1], args[2], args[4]};
-    for (; taken < 4 && allowed >= 0; taken++)
-        if (take(arrays[taken], &v[taken], taken == 3, 8) < 0) break;
-    if (taken == 4) {
-        Py_ssize_t a = v[0].len / 8, b = v[1].len / 8, c = v[2].len / 8;
-        if (v[3].len / 8 < a + b + c)
-            PyErr_SetString(PyExc_ValueError, "merge(): out is shorter than its three inputs");
-        else
-            n = merge_ids(v[0].buf, a, v[1].buf, b, v[2].buf, c, allowed, v[3].buf);
+    allowed = PyObject_IsTrue(args[1]);
+    PyObject *inputs[3] = {args[0], args[2], args[3]};
+    for (; taken < 3 && allowed >= 0; taken++)
+        if (int64s(inputs[taken], &items[taken], &n[taken], &views[taken], &owned[taken]) < 0) break;
+    if (taken == 3) {
+        out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)((n[0] + n[1] + n[2]) * 8));
+        int64_t count = out ? merge_ids(items[0], n[0], items[1], n[1], items[2], n[2], allowed,
+                                        (int64_t *)PyByteArray_AS_STRING(out)) : -1;
+        if (out && count < 0) {
+            Py_CLEAR(out);
+            PyErr_NoMemory();
+        } else if (out && PyByteArray_Resize(out, (Py_ssize_t)(count * 8)) < 0) {
+            Py_CLEAR(out);
+        }
     }
-    for (int i = 0; i < taken; i++) PyBuffer_Release(&v[i]);
-    return PyErr_Occurred() ? NULL : PyLong_FromLongLong(n);
+    for (int i = 0; i < taken; i++) release(items[i], &views[i], owned[i]);
+    return out;
 }
 
 /* bits(words, out) -> int: set_bits (grammars/_set_bits.c) of uint32 words into int64 out. */
@@ -93,7 +158,7 @@ static PyObject *address(PyObject *self, PyObject *array) {
 
 static PyMethodDef methods[] = {
     {"pick", (PyCFunction)(void (*)(void))pick, METH_FASTCALL, "pick_f32 (grammars/_mask_row.c)"},
-    {"merge", (PyCFunction)(void (*)(void))merge, METH_FASTCALL, "merge_ids (grammars/_merge_ids.c)"},
+    {"merged", (PyCFunction)(void (*)(void))merged, METH_FASTCALL, "merge_ids (grammars/_merge_ids.c) into a new bytearray"},
     {"bits", (PyCFunction)(void (*)(void))bits, METH_FASTCALL, "set_bits (grammars/_set_bits.c)"},
     {"address", address, METH_O, "where a flat int64 array's items lie"},
     {NULL, NULL, 0, NULL},

@@ -11,11 +11,27 @@ static int compare(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* src[0..k) sorted into dst without repeats; returns how many. qsort only where src is not sorted
- * already (the caller sorts long lists with numpy's far faster sort). */
+/* src[0..k) sorted into dst without repeats; returns how many, -1 without memory. Unsorted, a
+ * short list by qsort and a long one by marking its ids in a bitmap (ids are token ids, >= 0): qsort
+ * took ~10x numpy's sort on long lists, the bitmap a pass over ids / 64 words. */
 static int64_t distinct(const int64_t *src, int64_t k, int64_t *dst) {
     int sorted = 1;
-    for (int64_t i = 1; i < k && sorted; i++) sorted = src[i - 1] <= src[i];
+    int64_t low = 0, high = 0;
+    for (int64_t i = 0; i < k; i++) {
+        if (i && src[i - 1] > src[i]) sorted = 0;
+        if (!i || src[i] < low) low = src[i];
+        if (!i || src[i] > high) high = src[i];
+    }
+    if (!sorted && k > 64 && low >= 0) {
+        int64_t words = high / 64 + 1, j = 0;
+        uint64_t *bits = calloc((size_t)words, sizeof(uint64_t));
+        if (!bits) return -1;
+        for (int64_t i = 0; i < k; i++) bits[src[i] >> 6] |= (uint64_t)1 << (src[i] & 63);
+        for (int64_t w = 0; w < words; w++)
+            for (uint64_t b = bits[w]; b; b &= b - 1) dst[j++] = w * 64 + __builtin_ctzll(b);
+        free(bits);
+        return j;
+    }
     if (k) memcpy(dst, src, (size_t)k * sizeof(int64_t));
     if (!sorted) qsort(dst, (size_t)k, sizeof(int64_t), compare);
     int64_t j = 0;
@@ -37,8 +53,8 @@ static int64_t seek(const int64_t *ids, int64_t lo, int64_t n, int64_t v) {
     return lo;
 }
 
-/* ids: n ascending distinct ids of one side of a mask; on, off: k and m ids in any order, repeats
- * allowed. allowed != 0 (ids are the allowed tokens): out = (ids less off) plus on; else (ids are the
+/* ids: n ascending distinct ids of one side of a mask; on, off: k and m ids (>= 0) in any order,
+ * repeats allowed. allowed != 0 (ids are the allowed tokens): out = (ids less off) plus on; else (ids are the
  * banned ones): out = (ids plus off) less on. out holds n + k + m; returns how many, -1 without memory.
  * One pass over the edits (on and off, sorted): the runs of ids between two edits are copied whole
  * (memcpy) and each edit found by a search, so a long side changed by a few ids (a budget-narrowed
@@ -51,6 +67,10 @@ int64_t merge_ids(const int64_t *ids, int64_t n, const int64_t *on, int64_t k, c
     if (!buffer) return -1;
     int64_t *sorted_on = buffer, *sorted_off = buffer + k;
     int64_t nk = distinct(on, k, sorted_on), nm = distinct(off, m, sorted_off);
+    if (nk < 0 || nm < 0) {
+        free(buffer);
+        return -1;
+    }
     int64_t i = 0, j = 0, at = 0, count = 0;  /* next on, next off, next id */
     while (i < nk || j < nm) {
         int64_t v = (j == nm || (i < nk && sorted_on[i] <= sorted_off[j])) ? sorted_on[i] : sorted_off[j];

@@ -101,13 +101,14 @@ def sparse_mask(bitmask_row: torch.Tensor, vocab_size: int) -> SparseMask | None
     return SparseMask(keep_allowed, _set_bits(words), vocab_size)
 
 
-def allowed_sparse(ids, vocab_size: int) -> SparseMask | None:
-    """The SparseMask ``sparse_mask`` makes of a row whose allowed tokens are ``ids`` (int64, any
-    order, repeats allowed), made from the ids alone; None where more than ALLOWED_MAX ids are given
-    (repeats counted) or the banned side is the one ``sparse_mask`` keeps."""
-    if len(ids) > ALLOWED_MAX:
+def allowed_sparse(ids, vocab_size: int, base: np.ndarray | None = None) -> SparseMask | None:
+    """The SparseMask ``sparse_mask`` makes of a row whose allowed tokens are ``ids`` (ints, any order,
+    repeats allowed) and ``base`` (int64 ascending distinct, if given), made from the ids alone; None
+    where more than ALLOWED_MAX ids are given (repeats counted) or the banned side is the one
+    ``sparse_mask`` keeps."""
+    if len(ids) + (0 if base is None else len(base)) > ALLOWED_MAX:
         return None
-    return _allowed_side(_merged(_NO_IDS, True, ids, _NO_IDS), vocab_size)
+    return _allowed_side(_merged(_NO_IDS if base is None else base, True, ids, _NO_IDS), vocab_size)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -141,17 +142,20 @@ def _allowed_side(ids: np.ndarray, vocab_size: int) -> SparseMask | None:
 
 def _merged(ids: np.ndarray, allowed: bool, on, off) -> np.ndarray:
     """int64 ascending distinct: ``allowed``, (ids less off) plus on; else (ids plus off) less on.
-    ``ids`` ascending distinct; ``on`` and ``off`` in any order. In C (grammars/_merge_ids.c) through
-    the extension (native.extension()); without it, a few ids in all in Python's sets (the ctypes call
-    alone costs 4-6 µs, more when its code is cold at a state's first visit), more through ctypes,
-    else numpy."""
+    ``ids`` ascending distinct; ``on`` and ``off`` in any order. In C (grammars/_merge_ids.c) in one
+    call through the extension (native.extension() ``merged``: its inputs read as they come, the
+    result a new array; around the merge, numpy's conversions, sort and slice cost 20-60 us at a
+    state's first narrowed visit, cache-cold after a forward pass); without it, a few ids in all in
+    Python's sets (the ctypes call alone costs 4-6 µs, more when its code is cold), more through
+    ctypes, else numpy."""
     fast = native.extension()
-    if fast is None and len(ids) + len(on) + len(off) <= _FEW_IDS:
+    if fast is not None:
+        return np.frombuffer(fast.merged(ids, allowed, on, off), dtype=np.int64)
+    if len(ids) + len(on) + len(off) <= _FEW_IDS:
         ids, on, off = set(ids.tolist()), set(_listed(on)), set(_listed(off))
         return np.array(sorted((ids - off) | on if allowed else (ids | off) - on), dtype=np.int64)
     on, off = np.ascontiguousarray(on, dtype=np.int64), np.ascontiguousarray(off, dtype=np.int64)
-    on, off = (np.sort(part) if len(part) > 32 else part for part in (on, off))  # C's qsort is 10x slower
-    routine = fast.merge if fast is not None else _merge_by_ctypes()
+    routine = _merge_by_ctypes()
     if routine is not None:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         out = np.empty(len(ids) + len(on) + len(off), dtype=np.int64)
@@ -165,7 +169,7 @@ def _merged(ids: np.ndarray, allowed: bool, on, off) -> np.ndarray:
 
 
 def _merge_by_ctypes():
-    """merge_ids through ctypes, called as the extension's merge; or None without the C library."""
+    """merge_ids through ctypes (called as routine(ids, on, off, allowed, out)); or None without the C library."""
     routine = native.routine("merge_ids", ctypes.c_int64, _MERGE_ARGS)
     if routine is None:
         return None

@@ -116,28 +116,35 @@ def test_the_extensions_pick_is_the_ctypes_pick_and_settle_uses_it():
 
 
 def test_the_extensions_array_calls_read_flat_arrays_of_their_item_size_only():
-    """merge, bits and address read numpy arrays through the buffer protocol: the wrong item size, a
-    strided array, a read-only out or an out too short for the merge is an error, never a stray read."""
+    """bits and address read numpy arrays through the buffer protocol: the wrong item size or a
+    read-only out is an error, never a stray read. merged reads int64 arrays in place and copies
+    int32 arrays, strided arrays and sequences of ints; anything else (floats) is an error."""
     if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
         pytest.skip("no Python headers here: the ctypes routines serve")
     fast = native.extension()
     ids, none = np.array([1, 5, 9], dtype=np.int64), np.zeros(0, dtype=np.int64)
     out = np.empty(6, dtype=np.int64)
-    assert fast.merge(ids, np.array([2, 5]), np.array([9]), True, out) == 3 and out[:3].tolist() == [1, 2, 5]
-    assert fast.merge(ids, np.array([5]), np.array([2, 2]), False, out) == 3 and out[:3].tolist() == [1, 2, 9]
+
+    def merged(*args):
+        got = np.frombuffer(fast.merged(*args), dtype=np.int64)
+        return got.tolist()
+
+    assert merged(ids, True, np.array([2, 5]), np.array([9])) == [1, 2, 5]
+    assert merged(ids, False, np.array([5]), np.array([2, 2])) == [1, 2, 9]
+    assert merged(ids.astype(np.int32), True, [7, 0], (1,)) == [0, 5, 7, 9]
+    assert merged(np.arange(10, dtype=np.int64)[::2], False, np.array([4], dtype=np.int32), []) == [0, 2, 6, 8]
+    assert merged(none, True, none, none) == []
+    with pytest.raises(TypeError):
+        fast.merged(ids.astype(np.float64), True, none, none)
+    with pytest.raises(TypeError):
+        fast.merged(ids, True, none)
     assert fast.address(ids) == ids.ctypes.data
     words = np.array([0b1010, 1], dtype=np.uint32)
     assert fast.bits(words, out) == 3 and out[:3].tolist() == [1, 3, 32]
-    with pytest.raises(ValueError):
-        fast.merge(ids, none, none, True, np.empty(2, dtype=np.int64))  # out too short
-    with pytest.raises(ValueError):
-        fast.merge(ids.astype(np.int32), none, none, True, out)
-    with pytest.raises((BufferError, ValueError)):
-        fast.merge(np.arange(10, dtype=np.int64)[::2], none, none, True, out)
     readonly = np.empty(6, dtype=np.int64)
     readonly.flags.writeable = False
     with pytest.raises((BufferError, ValueError)):
-        fast.merge(ids, none, none, True, readonly)
+        fast.bits(words, readonly)
     with pytest.raises(ValueError):
         fast.bits(words.astype(np.int64), out)
     with pytest.raises(ValueError):

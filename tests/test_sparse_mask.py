@@ -421,3 +421,29 @@ def test_few_ids_merge_in_python_as_in_c(allowed, monkeypatch):
         monkeypatch.setattr(module, "_FEW_IDS", -1)  # the same merge by ctypes (or numpy without a compiler)
         assert module._merged(ids, allowed, on, off).tolist() == expected
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_long_unsorted_edits_merge_alike_every_way(allowed, monkeypatch):
+    """_merged with long unsorted, repeated ``on`` and ``off`` (int64 and int32 arrays, lists; the C
+    merge sorts those by a bitmap) gives the same ascending distinct ids through the extension, through
+    ctypes and in numpy."""
+    from grammars import native
+    from grammars import sparse_mask as module
+
+    if native.library() is None:
+        pytest.skip("no C compiler here")
+    rng = np.random.default_rng(5 + int(allowed))
+    for trial in range(40):
+        ids = np.unique(rng.integers(0, V, rng.integers(0, 3000)))
+        on, off = rng.integers(0, V, rng.integers(0, 900)), rng.integers(0, V, rng.integers(60, 900))
+        on = [on, on.astype(np.int32), on.tolist()][trial % 3]
+        listed = np.asarray(on).tolist()
+        expected = sorted((set(ids.tolist()) - set(off.tolist())) | set(listed) if allowed
+                          else (set(ids.tolist()) | set(off.tolist())) - set(listed))
+        assert module._merged(ids, allowed, on, off).tolist() == expected
+        monkeypatch.setattr(native, "extension", lambda: None)  # no Python headers: ctypes
+        assert module._merged(ids, allowed, on, off).tolist() == expected
+        monkeypatch.setattr(native, "routine", lambda *args: None)  # no C compiler: numpy
+        assert module._merged(ids, allowed, on, off).tolist() == expected
+        monkeypatch.undo()
