@@ -44,13 +44,14 @@ DISALLOWED_MAX = 8192  # longest disallowed-id list kept (64 KB; apply ~16 us)
 NEVER_NARROWED = -(1 << 62)  # a safe budget below any budget: no budget narrows the mask
 SPARSE_IDS_CAP = 16 << 20  # int32 ids kept per grammar at most (64 MB); above: no precomputed forms
 NONE, ALLOWED, BANNED = 0, 1, 2  # sparse kinds
+FEW_ODD = 32  # restriction reads a state's odd tokens as Python ints up to this many (most states have under 8)
 
 
 class BudgetTable:
     """Per-state distances to acceptance and odd tokens of one index (immutable, picklable)."""
 
     __slots__ = ("keys", "distance", "far", "mode", "odd_off", "odd_tok", "odd_dist", "count", "sparse", "_dense",
-                 "_safe")
+                 "_safe", "_rows", "_distances")
 
     def __init__(self, keys, distance, far, mode, odd_off, odd_tok, odd_dist, count=None, sparse=None) -> None:
         self.keys = np.asarray(keys, dtype=np.uint32)  # [S] state ids
@@ -70,6 +71,8 @@ class BudgetTable:
                            np.asarray(ids, dtype=np.int32))
         self._dense = {int(k): i for i, k in enumerate(self.keys)}
         self._safe: dict[int, int] = {}  # state -> safe_budget(state)
+        self._rows: dict[int, tuple] = {}  # state -> restriction's (far, mode, odd tokens, their distances)
+        self._distances: dict[int, int] = {}  # state -> distance_of(state)
 
     def __getstate__(self):
         return (self.keys, self.distance, self.far, self.mode, self.odd_off, self.odd_tok, self.odd_dist,
@@ -79,8 +82,12 @@ class BudgetTable:
         self.__init__(*state)
 
     def distance_of(self, state: int) -> int:
-        """Fewest tokens from ``state`` to a final state (0 in a final state)."""
-        return int(self.distance[self._dense[state]])
+        """Fewest tokens from ``state`` to a final state (0 in a final state). Memoised as a Python int:
+        the matchers ask at narrowed steps, and numpy's scalar read costs µs with the caches cold."""
+        got = self._distances.get(state)
+        if got is None:
+            got = self._distances[state] = int(self.distance[self._dense[state]])
+        return got
 
     def safe_budget(self, state: int) -> int:
         """The least budget (tokens left, this one included) at which a Matcher's mask in ``state``
@@ -94,19 +101,29 @@ class BudgetTable:
             got = self._safe[state] = far + 1 if distance < far + 1 else NEVER_NARROWED
         return got
 
-    def restriction(self, state: int, limit: int) -> tuple[str, np.ndarray] | None:
+    def restriction(self, state: int, limit: int) -> tuple[str, list[int] | np.ndarray] | None:
         """Which tokens of ``state`` a budget of ``limit`` tokens after this one rules in or out.
 
         None: none ruled out. ("drop", ids): the state's tokens except ids. ("only", ids): ids alone.
+        The ids ascend: a list where the state has at most ``FEW_ODD`` odd tokens (most states; read
+        as Python ints, memoised per state: numpy's calls cost several µs each at a state's first
+        narrowed visit, cache-cold after a forward pass), else an int32 array.
         """
-        i = self._dense[state]
-        if limit >= self.far[i]:
+        row = self._rows.get(state)
+        if row is None:
+            i = self._dense[state]
+            lo, hi = int(self.odd_off[i]), int(self.odd_off[i + 1])
+            tokens, dist = self.odd_tok[lo:hi], self.odd_dist[lo:hi]
+            if hi - lo <= FEW_ODD:
+                tokens, dist = tokens.tolist(), dist.tolist()
+            row = self._rows[state] = (int(self.far[i]), int(self.mode[i]), tokens, dist)
+        far, mode, tokens, dist = row
+        if limit >= far:
             return None
-        lo, hi = self.odd_off[i], self.odd_off[i + 1]
-        tokens, dist = self.odd_tok[lo:hi], self.odd_dist[lo:hi]
-        if limit >= self.mode[i]:
-            return "drop", tokens[dist > limit]
-        return "only", tokens[dist <= limit]
+        drop = limit >= mode
+        if isinstance(tokens, list):
+            return ("drop" if drop else "only"), [t for t, d in zip(tokens, dist) if (d > limit) == drop]
+        return ("drop", tokens[dist > limit]) if drop else ("only", tokens[dist <= limit])
 
     def state_count(self, state: int) -> int | None:
         """The state's tokens, EOS not counted (None: not stored, or not a state here)."""

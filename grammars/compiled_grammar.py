@@ -34,7 +34,7 @@ class CompiledGrammar:
 
     __slots__ = ("index", "regex", "vocabulary", "key", "width", "budget", "_masks", "_sparse", "_single",
                  "_count", "_budget_masks", "_budget_sparse", "_kept", "nothing_allowed", "approx_bytes", "_holes",
-                 "_held")
+                 "_held", "_eos")
 
     def __init__(
         self, index: TokenIndex, regex: str, vocabulary: TokenVocabulary, key: str,
@@ -59,6 +59,7 @@ class CompiledGrammar:
         with torch.inference_mode(False):
             empty = torch.empty(0, dtype=torch.int64)  # [0]
         self.nothing_allowed = SparseMask(True, empty, vocabulary.size)  # after EOS
+        self._eos = np.array(sorted(vocabulary.eos_token_ids), dtype=np.int64)  # allowed in final states
         self._holes: list = []  # [HoleTables] once a matcher is asked for, where the regex has free values
         self._held: list = [None, 0]  # [the memos' sizes, their bytes] at held_bytes' last count
 
@@ -134,6 +135,7 @@ class CompiledGrammar:
         mask = None
         if rule is not None:
             kind, ids = rule
+            ids = np.asarray(ids, dtype=np.int64)
             words = np.zeros(self.width, dtype=np.uint32)
             np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
             if kind == "drop":
@@ -167,10 +169,9 @@ class CompiledGrammar:
         if got is None:
             if kind == "drop":  # None until the state's own id list is made: not kept
                 got = changed(self.state_sparse_mask(guide), [], ids)
-            else:
-                eos = list(self.vocabulary.eos_token_ids) if self.index.is_final_state(state) else []
-                got = allowed_sparse(np.concatenate((ids.astype(np.int64), np.asarray(eos, dtype=np.int64))),
-                                     self.vocabulary.size)
+            else:  # the ids merged into the EOS ids where final, in one call (sparse_mask.py _merged)
+                eos = self._eos if self.index.is_final_state(state) else None
+                got = allowed_sparse(ids, self.vocabulary.size, base=eos)
             if got is not None:
                 got = self._kept.setdefault(key, got)  # one made meanwhile by another thread is the one read
         return got

@@ -12,6 +12,7 @@ import torch
 
 from engine.sampling import SamplingParams
 from grammar_fixtures import decode_within, rigged_logits
+from grammars import budget as budget_module
 from grammars.budget import build_budget_table, budget_table_from_transitions
 from grammars.unit_index import from_outlines
 from grammars.compiled_grammar import CompiledGrammar
@@ -64,7 +65,10 @@ def test_distance_table_matches_brute_force(regex):
 
 
 @pytest.mark.parametrize("regex", SMALL_REGEXES)
-def test_budget_restriction_keeps_exactly_the_tokens_that_still_fit(regex):
+@pytest.mark.parametrize("few_odd", [budget_module.FEW_ODD, -1])
+def test_budget_restriction_keeps_exactly_the_tokens_that_still_fit(regex, few_odd, monkeypatch):
+    """Read as Python lists (few odd tokens) and as arrays (-1: every state's through numpy), ascending."""
+    monkeypatch.setattr(budget_module, "FEW_ODD", few_odd)
     index, eos = small_index(regex)
     distance = brute_force_distance(index, eos)
     table = build_budget_table(index)
@@ -77,7 +81,9 @@ def test_budget_restriction_keeps_exactly_the_tokens_that_still_fit(regex):
                 assert fits == allowed_tokens
             else:
                 kind, ids = rule
-                got = allowed_tokens - set(ids.tolist()) if kind == "drop" else set(ids.tolist())
+                listed = list(ids) if few_odd >= 0 else ids.tolist()
+                assert listed == sorted(listed)
+                got = allowed_tokens - set(listed) if kind == "drop" else set(listed)
                 assert got == fits, (state, limit)
 
 
