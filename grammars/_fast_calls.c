@@ -48,7 +48,8 @@ static int int64s(PyObject *obj, int64_t **items, Py_ssize_t *n, Py_buffer *view
     *owned = 0;
     view->obj = NULL;
     if (PyObject_GetBuffer(obj, view, PyBUF_ND | PyBUF_FORMAT) == 0) {
-        char kind = view->format ? view->format[strlen(view->format) - 1] : 'B';
+        const char *format = view->format && view->format[0] ? view->format : "B";
+        char kind = format[strlen(format) - 1];  /* after any byte-order mark */
         int integer = strchr("bBhHiIlLqQnN", kind) != NULL;
         if (view->ndim <= 1 && integer && view->itemsize == 8 && strchr("lqn", kind)) {
             *items = view->buf, *n = view->len / 8;
