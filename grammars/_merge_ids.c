@@ -53,8 +53,8 @@ static int64_t seek(const int64_t *ids, int64_t lo, int64_t n, int64_t v) {
     return lo;
 }
 
-/* ids: n ascending distinct ids of one side of a mask; on, off: k and m ids (>= 0) in any order,
- * repeats allowed. allowed != 0 (ids are the allowed tokens): out = (ids less off) plus on; else (ids are the
+/* ids: n ascending distinct ids of one side of a mask; on, off: k and m ids in any order, repeats
+ * allowed. allowed != 0 (ids are the allowed tokens): out = (ids less off) plus on; else (ids are the
  * banned ones): out = (ids plus off) less on. out holds n + k + m; returns how many, -1 without memory.
  * One pass over the edits (on and off, sorted): the runs of ids between two edits are copied whole
  * (memcpy) and each edit found by a search, so a long side changed by a few ids (a budget-narrowed
