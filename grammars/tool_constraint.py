@@ -34,7 +34,7 @@ class ToolCallConstraint:
         if not required and trigger is None:
             raise GrammarError("an auto-mode tool constraint needs trigger masks for its opening delimiter")
         self.tokens = tokens
-        self._tail_tokens = len(tokens.close) + len(tokens.end)  # _tail(), read at every masked step
+        self._tail_tokens = len(tokens.close) + len(tokens.end)  # forced after the open block: its close, the list's end
         self.trigger = trigger
         self.vocabulary = vocabulary
         self.eos = vocabulary.eos_token_ids
@@ -68,7 +68,7 @@ class ToolCallConstraint:
         """Lets blocks begin in ``stage`` while the units compile, where every tool surely closes
         within the budget (else False: wait for the units, whose exact minimum the budget is checked
         against)."""
-        tail = self._tail()
+        tail = self._tail_tokens
         need = len(self.tokens.open) + stage.most_tokens() + tail
         if (budget is not None and budget < need) or room < need or self._phase == TEXT:
             return False
@@ -125,7 +125,7 @@ class ToolCallConstraint:
         a call is only opened, and only continued, the way that closes it within the budget."""
         left = None if budget is None else budget - 1  # tokens after this one
         if self._phase == CALL:
-            self._matcher.fill(row, None if budget is None else budget - self._tail())
+            self._matcher.fill(row, None if budget is None else budget - self._tail_tokens)
             self._budget_forced |= self._matcher.budget_forced
             return
         if self._phase == TEXT:
@@ -173,7 +173,7 @@ class ToolCallConstraint:
     def _mask_bare_start(self, row: torch.Tensor, left: int | None) -> None:
         """At the reply's start, a token opening with `{` must be the start of a valid call (that
         fits in the ``left`` tokens after it, if given)."""
-        close = self._tail()
+        close = self._tail_tokens
         for token in _brace_tokens(self.vocabulary):
             after = self._matcher.min_tokens_after(token)
             if after is None or (left is not None and after + close > left):
@@ -186,14 +186,10 @@ class ToolCallConstraint:
             end = len(self.tokens.end) if self._then == AFTER else 0
             return len(self._pending) + (block if self._then == CALL else end)
         if self._phase == CALL:
-            return self._matcher.min_tokens() + self._tail()
+            return self._matcher.min_tokens() + self._tail_tokens
         if self._phase == AFTER:
             return len(self.tokens.end)
         return 0
-
-    def _tail(self) -> int:
-        """Tokens forced after the open block: its close and the list's end."""
-        return self._tail_tokens
 
     @property
     def budget_forced(self) -> bool:
