@@ -7,7 +7,7 @@ import torch
 from engine.sequence import Sequence
 from grammars.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
                               fill_next_token_bitmasks)
-from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, pick_routine
+from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, pick_routine, rows_routine
 
 
 class ConstraintMasker:
@@ -39,7 +39,7 @@ class ConstraintMasker:
         self.bitmask = allocate_token_bitmask(max_batch, vocab_size)  # int32 [max_batch, W], CPU
         self._on_device: dict[torch.device, torch.Tensor] = {}
         self._host = False  # whether the logits were on the CPU (the id lists are only used there)
-        pick_routine()  # the C pick (compiled on first use, ~1 s) loads with the engine, not at its first step
+        rows_routine() or pick_routine()  # the C pick (compiled on first use, ~1 s) loads with the engine, not at its first step
 
     def _device_mask(self, device: torch.device) -> torch.Tensor:
         if device.type == "cpu":

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from engine.logprobs import MAX_TOP_LOGPROBS
-from grammars.sparse_mask import SparseMask, pick_routine
+from grammars.sparse_mask import SparseMask, pick_routine, rows_routine
 
 
 @dataclass
@@ -80,12 +80,18 @@ def settle(logits: torch.Tensor, tokens: list[int], narrowed: dict[int, SparseMa
     row's own argmax (``tokens[row]``) unless banned, and only then the row masked and argmaxed
     again. logits: [B, V] float on CPU; tokens: B ids, edited in place and returned.
 
-    In C where it is built (grammars/_mask_row.c pick_f32: one call per row, the row left as it was;
-    numpy's indexing and argmax cost 8-12 µs per row in real generations), through the CPython
-    extension where Python's headers are present (grammars/_fast_calls.c), else numpy."""
-    routine = pick_routine()
-    step, unit = logits.stride()  # torch's attribute calls cost 0.3-0.7 µs each here: each asked once
-    if routine is not None and unit == 1 and logits.dtype == torch.float32:
+    In C where it is built: through the CPython extension where Python's headers are present, in one
+    call for all the rows (grammars/_fast_calls.c pick_rows: after the forward pass each Python-level
+    step of this loop cost 1.5-4 µs with the caches cold), else a ctypes call per row
+    (grammars/_mask_row.c pick_f32, the row left as it was; numpy's indexing and argmax cost 8-12 µs
+    per row in real generations); else numpy."""
+    rows = rows_routine()
+    routine = pick_routine() if rows is None else None
+    step, unit = logits.stride()  # torch's attribute calls cost 1.5-2.5 µs each here: each asked once
+    if (rows is not None or routine is not None) and unit == 1 and logits.dtype is torch.float32:
+        if rows is not None:
+            rows(logits.data_ptr(), step, logits.shape, narrowed, tokens)
+            return tokens
         base, vocab = logits.data_ptr(), logits.shape[1]
         for row, mask in narrowed.items():
             tokens[row] = (mask.single if mask.single >= 0  # one allowed token (forced): no call

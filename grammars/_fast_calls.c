@@ -92,6 +92,67 @@ static int int64s(PyObject *obj, int64_t **items, Py_ssize_t *n, Py_buffer *view
     return 0;
 }
 
+/* pick_rows(base, step, shape, narrowed, tokens) -> None: engine/sampling.py settle()'s loop in one
+ * call. base: the address of float32 logits [B, V] (shape, a pair) whose row r starts at base + 4 *
+ * step * r, its floats contiguous; narrowed: {row: SparseMask}; tokens: the list of B ids, each
+ * narrowed row's replaced by its pick: pick_f32 over the mask's ids (its ``address``, ``size`` and
+ * ``allowed``) and the row's own argmax, or the mask's ``single`` where it is >= 0. After a forward
+ * pass each Python-level step of that loop (an item, a slot, the address property) cost 1-4 us with
+ * the caches cold; here the masks' slots are read in C. */
+enum { SINGLE, ALLOWED, SIZE, ADDRESS, ADDRESS_OF, NAMES };
+static PyObject *names[NAMES];  /* "single", "allowed", "size", "_address", "address": interned at import */
+
+static long long slot(PyObject *mask, int name) {
+    PyObject *got = PyObject_GetAttr(mask, names[name]);
+    if (got == Py_None && name == ADDRESS) {  /* not read yet: the property reads it (once per mask) */
+        Py_DECREF(got);
+        got = PyObject_GetAttr(mask, names[ADDRESS_OF]);
+    }
+    long long value = -1;
+    if (got) value = name == ALLOWED ? PyObject_IsTrue(got) : PyLong_AsLongLong(got);
+    Py_XDECREF(got);
+    return value;
+}
+
+static PyObject *pick_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long base, step, rows, vocab;
+    if (nargs != 5 || !PyDict_Check(args[3]) || !PyList_Check(args[4]) || !PyTuple_Check(args[2]) ||
+            PyTuple_GET_SIZE(args[2]) != 2) {
+        PyErr_SetString(PyExc_TypeError, "pick_rows() takes base, step, (rows, vocab), {row: mask}, tokens");
+        return NULL;
+    }
+    base = PyLong_AsLongLong(args[0]);
+    step = PyLong_AsLongLong(args[1]);
+    rows = PyLong_AsLongLong(PyTuple_GET_ITEM(args[2], 0));
+    vocab = PyLong_AsLongLong(PyTuple_GET_ITEM(args[2], 1));
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t pos = 0;
+    PyObject *key, *mask;
+    while (PyDict_Next(args[3], &pos, &key, &mask)) {
+        Py_ssize_t row = PyLong_AsSsize_t(key);
+        if (row == -1 && PyErr_Occurred()) return NULL;
+        if (row < 0 || row >= rows || row >= PyList_GET_SIZE(args[4])) {
+            PyErr_Format(PyExc_IndexError, "row %zd is not a row of the logits and the tokens", row);
+            return NULL;
+        }
+        long long found = slot(mask, SINGLE), v[4];
+        if (found == -1 && PyErr_Occurred()) return NULL;
+        if (found < 0) {
+            for (int i = 0; i < 4; i++) {  /* allowed, size, address, then the row's own argmax */
+                v[i] = i < 3 ? slot(mask, (int[]){ALLOWED, SIZE, ADDRESS}[i])
+                             : PyLong_AsLongLong(PyList_GET_ITEM(args[4], row));
+                if (v[i] == -1 && PyErr_Occurred()) return NULL;
+            }
+            found = pick_f32((float *)(intptr_t)(base + 4 * step * row), vocab, (const int64_t *)(intptr_t)v[2],
+                             v[1], (int)v[0], v[3]);
+        }
+        PyObject *token = PyLong_FromLongLong(found);
+        if (!token) return NULL;
+        PyList_SetItem(args[4], row, token);  /* steals token, drops the old item */
+    }
+    Py_RETURN_NONE;
+}
+
 static void release(int64_t *items, Py_buffer *view, int owned) {
     if (owned) free(items);
     else if (view->obj) PyBuffer_Release(view);
@@ -159,6 +220,7 @@ static PyObject *address(PyObject *self, PyObject *array) {
 
 static PyMethodDef methods[] = {
     {"pick", (PyCFunction)(void (*)(void))pick, METH_FASTCALL, "pick_f32 (grammars/_mask_row.c)"},
+    {"pick_rows", (PyCFunction)(void (*)(void))pick_rows, METH_FASTCALL, "settle()'s picks of narrowed rows"},
     {"merged", (PyCFunction)(void (*)(void))merged, METH_FASTCALL, "merge_ids (grammars/_merge_ids.c) into a new bytearray"},
     {"bits", (PyCFunction)(void (*)(void))bits, METH_FASTCALL, "set_bits (grammars/_set_bits.c)"},
     {"address", address, METH_O, "where a flat int64 array's items lie"},
@@ -167,4 +229,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_maskd_fast_calls", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__maskd_fast_calls(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__maskd_fast_calls(void) {
+    const char *text[NAMES] = {"single", "allowed", "size", "_address", "address"};
+    for (int i = 0; i < NAMES; i++)
+        if (!(names[i] = PyUnicode_InternFromString(text[i]))) return NULL;
+    return PyModule_Create(&module);
+}

@@ -219,6 +219,14 @@ def _set_bits_by_ctypes():
 
 
 @functools.cache
+def rows_routine():
+    """The extension's ``pick_rows`` (grammars/_fast_calls.c: settle()'s loop over the narrowed rows
+    in one call) where it is built, else None. Looked up once."""
+    fast = native.extension()
+    return None if fast is None else fast.pick_rows
+
+
+@functools.cache
 def pick_routine():
     """The C greedy pick under a SparseMask (grammars/_mask_row.c pick_f32): the extension's where it
     is built (a call costs 0.2-0.3 µs), else through ctypes (2-2.5 µs); or None. Looked up once (the

@@ -2,7 +2,7 @@
 
 mask_row_f32 (the packed apply of budget-narrowed rows on CPU) against apply_token_bitmask_inplace;
 pick_f32 (the greedy pick under a SparseMask) against settle()'s numpy path, through ctypes and
-through the CPython extension (grammars/_fast_calls.c) alike.
+through the CPython extension (grammars/_fast_calls.c: per row, and all the rows in one call) alike.
 """
 
 from __future__ import annotations
@@ -61,10 +61,12 @@ def test_the_c_pick_equals_the_numpy_pick(seed, monkeypatch):
              4: SparseMask(True, np.flatnonzero(logits[4].numpy() == logits[4].min().item())[:1], vocab)}
     best = logits.numpy().argmax(axis=1).tolist()  # row 3's own argmax is banned: the next best wins
     assert native.library() is not None and sampling.pick_routine() is not None
-    c_way = sampling.settle(logits.clone(), list(best), masks)
+    c_way = sampling.settle(logits.clone(), list(best), masks)  # pick_rows, where the extension is built
+    monkeypatch.setattr(sampling, "rows_routine", lambda: None)
+    per_row = sampling.settle(logits.clone(), list(best), masks)  # a pick_f32 call per row
     monkeypatch.setattr(sampling, "pick_routine", lambda: None)
     numpy_way = sampling.settle(logits.clone(), list(best), masks)
-    assert c_way == numpy_way
+    assert c_way == per_row == numpy_way
     assert c_way[3] not in masks[3].array.tolist()
     assert c_way[4] == int(masks[4].array[0])  # a forced token, though its logit is the row's least
 
@@ -92,12 +94,13 @@ def test_a_banned_pick_over_a_large_vocabulary_leaves_the_row_as_it_was(banned):
 
 
 def test_the_extensions_pick_is_the_ctypes_pick_and_settle_uses_it():
-    """Where Python's headers are here the extension is built, and settle() picks through it; its
-    pick equals the ctypes routine's on every mask kind, best banned or not, and it refuses a wrong call."""
+    """Where Python's headers are here the extension is built, and settle() picks through its
+    pick_rows; its pick equals the ctypes routine's on every mask kind, best banned or not, and it
+    refuses a wrong call."""
     if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
         pytest.skip("no Python headers here: the ctypes routine serves")
     fast = native.extension()
-    assert fast is not None and sampling.pick_routine() is fast.pick
+    assert fast is not None and sampling.pick_routine() is fast.pick and sampling.rows_routine() is fast.pick_rows
     by_ctypes = native.routine("pick_f32", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                                             ctypes.c_int64, ctypes.c_int, ctypes.c_int64])
     rng = np.random.default_rng(7)
@@ -113,6 +116,44 @@ def test_the_extensions_pick_is_the_ctypes_pick_and_settle_uses_it():
                 assert fast.pick(*args) == by_ctypes(*args)
     with pytest.raises(TypeError):
         fast.pick(logits.data_ptr(), vocab)
+
+
+def test_pick_rows_picks_each_row_as_its_own_pick_and_refuses_what_is_not_a_row():
+    """The extension's pick_rows (settle()'s loop in one call) over rows of a [B, V] view with a
+    row stride past V: each narrowed row's token is pick_f32's for its mask (read from the mask's
+    slots; an address not read yet is read through its property), a forced token without a pick,
+    the other rows' tokens kept; a row outside the logits or the tokens, a mask that is not one,
+    or a wrong call is an error."""
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        pytest.skip("no Python headers here: the ctypes routine serves")
+    fast = native.extension()
+    rng = np.random.default_rng(11)
+    vocab = 4000
+    wide = torch.from_numpy(rng.standard_normal((4, vocab + 96)).astype(np.float32))
+    logits = wide[:, :vocab]  # rows vocab + 96 floats apart
+    best = logits.numpy().argmax(axis=1).tolist()
+    masks = {0: SparseMask(True, np.sort(rng.choice(vocab, 50, replace=False)), vocab),
+             1: SparseMask(False, np.union1d(rng.choice(vocab, 30, replace=False), [best[1]]), vocab),
+             3: SparseMask(True, np.array([17]), vocab)}
+    assert all(mask._address is None for mask in masks.values())
+    tokens = list(best)
+    assert fast.pick_rows(logits.data_ptr(), vocab + 96, logits.shape, masks, tokens) is None
+    for row in (0, 1):
+        mask = masks[row]
+        assert tokens[row] == fast.pick(logits[row].data_ptr(), vocab, mask.address, mask.size, mask.allowed,
+                                        best[row])
+    assert tokens[1] != best[1] and tokens[1] not in masks[1].array.tolist()
+    assert tokens[2] == best[2] and tokens[3] == 17
+    for bad, error in (({4: masks[0]}, IndexError), ({-1: masks[0]}, IndexError), ({0: np.arange(3)}, AttributeError),
+                       ({"0": masks[0]}, TypeError)):
+        with pytest.raises(error):
+            fast.pick_rows(logits.data_ptr(), vocab + 96, logits.shape, bad, list(best))
+    with pytest.raises(IndexError):  # fewer tokens than the row
+        fast.pick_rows(logits.data_ptr(), vocab + 96, logits.shape, {2: masks[0]}, [0, 0])
+    with pytest.raises(TypeError):
+        fast.pick_rows(logits.data_ptr(), vocab + 96, logits.shape, masks)
+    with pytest.raises(TypeError):
+        fast.pick_rows(logits.data_ptr(), vocab + 96, (4,), masks, list(best))
 
 
 def test_the_extensions_array_calls_read_flat_arrays_of_their_item_size_only():
