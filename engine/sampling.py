@@ -86,18 +86,19 @@ def settle(logits: torch.Tensor, tokens: list[int], narrowed: dict[int, SparseMa
     (grammars/_mask_row.c pick_f32, the row left as it was; numpy's indexing and argmax cost 8-12 µs
     per row in real generations); else numpy."""
     rows = rows_routine()
-    routine = pick_routine() if rows is None else None
     step, unit = logits.stride()  # torch's attribute calls cost 1.5-2.5 µs each here: each asked once
-    if (rows is not None or routine is not None) and unit == 1 and logits.dtype is torch.float32:
+    if unit == 1 and logits.dtype is torch.float32:
         if rows is not None:
             rows(logits.data_ptr(), step, logits.shape, narrowed, tokens)
             return tokens
-        base, vocab = logits.data_ptr(), logits.shape[1]
-        for row, mask in narrowed.items():
-            tokens[row] = (mask.single if mask.single >= 0  # one allowed token (forced): no call
-                           else routine(base + row * step * 4, vocab, mask.address, mask.size, mask.allowed,
-                                        tokens[row]))
-        return tokens
+        routine = pick_routine()
+        if routine is not None:
+            base, vocab = logits.data_ptr(), logits.shape[1]
+            for row, mask in narrowed.items():
+                tokens[row] = (mask.single if mask.single >= 0  # one allowed token (forced): no call
+                               else routine(base + row * step * 4, vocab, mask.address, mask.size, mask.allowed,
+                                            tokens[row]))
+            return tokens
     scores = logits.numpy()  # [B, V], a view
     for row, mask in narrowed.items():
         ids = mask.id_array()  # [k] ascending

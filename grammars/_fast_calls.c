@@ -26,21 +26,6 @@ static int take(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsiz
     return 0;
 }
 
-/* pick(logits address, n, ids address, k, allowed, best) -> int: pick_f32 (grammars/_mask_row.c). */
-static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    long long v[6];
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "pick() takes 6 integers");
-        return NULL;
-    }
-    for (int i = 0; i < 6; i++) {
-        v[i] = PyLong_AsLongLong(args[i]);
-        if (v[i] == -1 && PyErr_Occurred()) return NULL;
-    }
-    return PyLong_FromLongLong(pick_f32((float *)(intptr_t)v[0], v[1], (const int64_t *)(intptr_t)v[2],
-                                        v[3], (int)v[4], v[5]));
-}
-
 /* The ints of ``obj`` as int64: a flat C-contiguous buffer of 8-byte ints read in place (*owned 0),
  * else (4-byte ints, or any sequence of ints) copied into memory the caller frees (*owned 1). 0, or -1
  * with an error set (nothing held). */
@@ -219,7 +204,6 @@ static PyObject *address(PyObject *self, PyObject *array) {
 }
 
 static PyMethodDef methods[] = {
-    {"pick", (PyCFunction)(void (*)(void))pick, METH_FASTCALL, "pick_f32 (grammars/_mask_row.c)"},
     {"pick_rows", (PyCFunction)(void (*)(void))pick_rows, METH_FASTCALL, "settle()'s picks of narrowed rows"},
     {"merged", (PyCFunction)(void (*)(void))merged, METH_FASTCALL, "merge_ids (grammars/_merge_ids.c) into a new bytearray"},
     {"bits", (PyCFunction)(void (*)(void))bits, METH_FASTCALL, "set_bits (grammars/_set_bits.c)"},

@@ -79,7 +79,7 @@ EXTENSION_SOURCES = [os.path.join(_HERE, name)
 
 
 def extension():
-    """maskd's CPython extension (grammars/_fast_calls.c: ``pick``, ``merged``, ``bits``, ``address``),
+    """maskd's CPython extension (grammars/_fast_calls.c: ``pick_rows``, ``merged``, ``bits``, ``address``),
     built and loaded once; or None where Python's headers are missing or it cannot be built (callers
     use the ctypes routines)."""
     if not _EXTENSION:

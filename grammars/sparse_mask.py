@@ -228,12 +228,9 @@ def rows_routine():
 
 @functools.cache
 def pick_routine():
-    """The C greedy pick under a SparseMask (grammars/_mask_row.c pick_f32): the extension's where it
-    is built (a call costs 0.2-0.3 µs), else through ctypes (2-2.5 µs); or None. Looked up once (the
-    pick asks at every step)."""
-    fast = native.extension()
-    if fast is not None:
-        return fast.pick
+    """The C greedy pick under one SparseMask (grammars/_mask_row.c pick_f32) through ctypes (2-2.5 µs a
+    call): settle()'s per-row pick where the extension (rows_routine) is not built; or None without the
+    C library. Looked up once."""
     return native.routine("pick_f32", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                                        ctypes.c_int64, ctypes.c_int, ctypes.c_int64])
 

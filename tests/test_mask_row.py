@@ -2,12 +2,11 @@
 
 mask_row_f32 (the packed apply of budget-narrowed rows on CPU) against apply_token_bitmask_inplace;
 pick_f32 (the greedy pick under a SparseMask) against settle()'s numpy path, through ctypes and
-through the CPython extension (grammars/_fast_calls.c: per row, and all the rows in one call) alike.
+through the CPython extension (grammars/_fast_calls.c pick_rows: all the rows in one call) alike.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sysconfig
 
@@ -93,16 +92,15 @@ def test_a_banned_pick_over_a_large_vocabulary_leaves_the_row_as_it_was(banned):
     assert sampling.settle(logits, [int(ids[-1])], {0: mask}) == [int(free[0])]
 
 
-def test_the_extensions_pick_is_the_ctypes_pick_and_settle_uses_it():
+def test_the_extensions_pick_rows_is_the_ctypes_pick_and_settle_uses_it():
     """Where Python's headers are here the extension is built, and settle() picks through its
     pick_rows; its pick equals the ctypes routine's on every mask kind, best banned or not, and it
     refuses a wrong call."""
     if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
         pytest.skip("no Python headers here: the ctypes routine serves")
     fast = native.extension()
-    assert fast is not None and sampling.pick_routine() is fast.pick and sampling.rows_routine() is fast.pick_rows
-    by_ctypes = native.routine("pick_f32", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                                            ctypes.c_int64, ctypes.c_int, ctypes.c_int64])
+    assert fast is not None and sampling.rows_routine() is fast.pick_rows
+    by_ctypes = sampling.pick_routine()
     rng = np.random.default_rng(7)
     vocab = 3000
     logits = torch.from_numpy(rng.integers(-3, 4, size=(1, vocab)).astype(np.float32))  # many ties
@@ -112,10 +110,11 @@ def test_the_extensions_pick_is_the_ctypes_pick_and_settle_uses_it():
             ids = np.sort(rng.choice(vocab, k, replace=False))
             for chosen in (ids, np.union1d(ids, [best])):
                 mask = SparseMask(allowed, chosen, vocab)
-                args = (logits.data_ptr(), vocab, mask.address, mask.size, mask.allowed, best)
-                assert fast.pick(*args) == by_ctypes(*args)
+                tokens = [best]
+                fast.pick_rows(logits.data_ptr(), vocab, logits.shape, {0: mask}, tokens)
+                assert tokens[0] == by_ctypes(logits.data_ptr(), vocab, mask.address, mask.size, mask.allowed, best)
     with pytest.raises(TypeError):
-        fast.pick(logits.data_ptr(), vocab)
+        fast.pick_rows(logits.data_ptr(), vocab)
 
 
 def test_pick_rows_picks_each_row_as_its_own_pick_and_refuses_what_is_not_a_row():
@@ -140,8 +139,8 @@ def test_pick_rows_picks_each_row_as_its_own_pick_and_refuses_what_is_not_a_row(
     assert fast.pick_rows(logits.data_ptr(), vocab + 96, logits.shape, masks, tokens) is None
     for row in (0, 1):
         mask = masks[row]
-        assert tokens[row] == fast.pick(logits[row].data_ptr(), vocab, mask.address, mask.size, mask.allowed,
-                                        best[row])
+        assert tokens[row] == sampling.pick_routine()(logits[row].data_ptr(), vocab, mask.address, mask.size,
+                                                      mask.allowed, best[row])
     assert tokens[1] != best[1] and tokens[1] not in masks[1].array.tolist()
     assert tokens[2] == best[2] and tokens[3] == 17
     for bad, error in (({4: masks[0]}, IndexError), ({-1: masks[0]}, IndexError), ({0: np.arange(3)}, AttributeError),
