@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.sampling import Narrowed
 from engine.sequence import Sequence
 from grammars.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
                               fill_next_token_bitmasks)
@@ -39,7 +40,8 @@ class ConstraintMasker:
         self.bitmask = allocate_token_bitmask(max_batch, vocab_size)  # int32 [max_batch, W], CPU
         self._on_device: dict[torch.device, torch.Tensor] = {}
         self._host = False  # whether the logits were on the CPU (the id lists are only used there)
-        rows_routine() or pick_routine()  # the C pick (compiled on first use, ~1 s) loads with the engine, not at its first step
+        self._rows = rows_routine()  # the C picks (compiled on first use, ~1 s) load with the engine, not at its first step
+        self._rows or pick_routine()
 
     def _device_mask(self, device: torch.device) -> torch.Tensor:
         if device.type == "cpu":
@@ -49,10 +51,11 @@ class ConstraintMasker:
             mask = self._on_device[device] = torch.empty_like(self.bitmask, device=device)
         return mask.copy_(self.bitmask, non_blocking=True)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> dict[int, SparseMask]:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> Narrowed:
         """logits: [B, V] (V = vocab_size), row i belongs to seqs[i]; edited in place. Returns the
-        rows left unwritten, with their masks (see the class)."""
-        narrowed: dict[int, SparseMask] = {}
+        rows left unwritten, with their masks (see the class), and the pick's call over these logits
+        (Narrowed.picker) where the extension is built."""
+        narrowed = Narrowed()
         cpu = self._host = logits.is_cpu  # torch's attribute calls cost 0.2-1 µs each here: each asked once a step
         pickable = cpu and logits.dtype == torch.float32
         rows = []
@@ -72,6 +75,10 @@ class ConstraintMasker:
                 narrowed[row] = sparse
             else:
                 apply_sparse_mask_inplace(logits[row], sparse)
+        if narrowed and self._rows is not None:  # float32 on the CPU: checked above
+            step, unit = logits.stride()
+            if unit == 1:
+                narrowed.picker = (self._rows, logits.data_ptr(), step, logits.shape)
         if not rows:
             return narrowed
         if len(seqs) > self.bitmask.shape[0]:

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("maskd.engine")
 
 # A logits hook sees the step's logits [B, V] and its rows, and edits the logits in place; it may
-# return {row: SparseMask} for greedy rows whose mask it left unwritten (ConstraintMasker on CPU):
-# sample() picks their tokens under those masks. A hook may also have ``ahead(seq)``, called once a
+# return {row: SparseMask} for greedy rows whose mask it left unwritten (ConstraintMasker on CPU, as
+# an engine/sampling.py Narrowed): sample() picks their tokens under those masks. A hook may also have ``ahead(seq)``, called once a
 # constrained row's tokens of a step are appended and it goes on (ConstraintMasker: its next mask
 # looked up then, not after the next forward pass).
 LogitsHook = Callable[[torch.Tensor, list[Sequence]], "dict[int, SparseMask] | None"]
@@ -232,8 +232,11 @@ class Engine:
             narrowed: dict[int, SparseMask] = {}
             for hook in self.logits_hooks:
                 found = hook(logits, seqs)
-                if isinstance(found, dict):
-                    narrowed.update(found)
+                if isinstance(found, dict) and found:
+                    if narrowed:
+                        narrowed.update(found)  # the first hook's Narrowed.picker holds: these are its logits
+                    else:
+                        narrowed = found
             tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs], narrowed)
             logprobs = step_logprobs(logits, seqs, tokens) or [None] * len(seqs)  # of the masked logits
         for seq, token, logprob in zip(seqs, tokens, logprobs):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.constraint_hook import ConstraintMasker
-from engine.sampling import SamplingParams, sample
+from engine.sampling import Narrowed, SamplingParams, sample, settle
 from grammar_fixtures import SMOLLM2_VOCAB_SIZE as V
 from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 from grammars import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks, schema_to_regex
 from grammars.budget import ALLOWED, BANNED, NONE, build_budget_table, budget_table_from_transitions
 from grammars.compiled_grammar import CompiledGrammar
-from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, sparse_mask
+from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, rows_routine, sparse_mask
 from grammars.tool_grammar import compile_tool_constraint, tool_grammar
 from grammars.trigger_mask import trigger_masks
 
@@ -254,6 +254,34 @@ def test_a_greedy_row_with_an_allowed_list_is_narrowed_not_written():
     assert ConstraintMasker(V, 2)(logits, [SimpleNamespace(constraint=constraint, tokens_left=17,
                                                            params=with_logprobs)]) == {}
     assert torch.isfinite(logits[0]).nonzero().view(-1).tolist() == [3, 5]
+
+
+def test_the_masker_hands_the_pick_its_call_only_over_float32_rows_it_read():
+    """Narrowed.picker: settle()'s one C call over the logits the masker read (float32 on the CPU,
+    rows of unit stride), with the tokens settle() picks when it reads the logits itself; none over
+    rows of another stride, and no narrowed row at all over float64 logits (they are written)."""
+    seqs = [SimpleNamespace(constraint=FillCounter(), tokens_left=17, params=GREEDY) for _ in range(3)]
+
+    def best(logits):
+        return [3 if logits[row, 3] >= logits[row, 5] else 5 for row in range(3)]
+
+    logits = torch.randn(3, V)
+    narrowed = ConstraintMasker(V, 3)(logits, seqs)
+    assert isinstance(narrowed, Narrowed) and list(narrowed) == [0, 1, 2]
+    if rows_routine() is None:
+        assert narrowed.picker is None
+    else:
+        routine, base, step, shape = narrowed.picker
+        assert (routine, base, step, tuple(shape)) == (rows_routine(), logits.data_ptr(), V, (3, V))
+    assert sample(logits, [GREEDY] * 3, [None] * 3, narrowed) == best(logits)
+    assert settle(logits, [0] * 3, dict(narrowed)) == best(logits)  # a plain dict: settle() reads the logits
+    strided = torch.randn(3, 2 * V)[:, ::2]  # [3, V], rows of stride 2
+    narrowed = ConstraintMasker(V, 3)(strided, seqs)
+    assert list(narrowed) == [0, 1, 2] and narrowed.picker is None
+    assert sample(strided, [GREEDY] * 3, [None] * 3, narrowed) == best(strided)
+    doubles = torch.randn(3, V, dtype=torch.float64)
+    assert ConstraintMasker(V, 3)(doubles, seqs) == {}
+    assert all(torch.isfinite(doubles[row]).nonzero().view(-1).tolist() == [3, 5] for row in range(3))
 
 
 @pytest.mark.parametrize("banned_first", [True, False])
