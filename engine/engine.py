@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("maskd.engine")
 
 # A logits hook sees the step's logits [B, V] and its rows, and edits the logits in place; it may
-# return {row: SparseMask} for greedy rows whose mask it left unwritten (ConstraintMasker on CPU, as
-# an engine/sampling.py Narrowed): sample() picks their tokens under those masks. A hook may also have ``ahead(seq)``, called once a
-# constrained row's tokens of a step are appended and it goes on (ConstraintMasker: its next mask
-# looked up then, not after the next forward pass).
+# return a new {row: SparseMask} for greedy rows whose mask it left unwritten (ConstraintMasker on
+# CPU, as an engine/sampling.py Narrowed): sample() picks their tokens under those masks. A hook may
+# also have ``ahead(seq)``, called once a constrained row's tokens of a step are appended and it goes
+# on (ConstraintMasker: its next mask looked up then, not after the next forward pass).
 LogitsHook = Callable[[torch.Tensor, list[Sequence]], "dict[int, SparseMask] | None"]
 
 

@@ -314,3 +314,45 @@ def test_a_stopped_engine_counts_as_idle(tiny_model, smollm_tokenizer):
     eng.idle = False  # as the loop leaves it while it steps
     eng.shutdown()
     assert eng.idle
+
+
+def test_rows_narrowed_by_two_hooks_are_picked_alike_in_either_order(tiny_model, smollm_tokenizer):
+    """The engine merges the {row: SparseMask} of every hook: the masker's Narrowed (its picker, the
+    one C call over these logits) and a plain dict from another hook. A free row pinned by that hook
+    to two tokens and a constrained row batched with it come out the same whichever hook runs first."""
+    from engine.constraint_hook import ConstraintMasker
+    from grammars import GrammarCompiler, TokenVocabulary
+    from grammars.sparse_mask import SparseMask
+
+    vocab = TokenVocabulary.from_tokenizer(smollm_tokenizer, VOCAB, extra_eos_token_ids=(2,))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "w": {"enum": ["a", "bb"]}},
+              "required": ["n", "w"], "additionalProperties": False}
+    pinned = SparseMask(True, torch.tensor([5, 7]), VOCAB)
+
+    def pin(logits, seqs):  # the unconstrained rows: token 5 or 7, picked under this mask
+        return {row: pinned for row, seq in enumerate(seqs) if seq.constraint is None}
+
+    def outputs(hooks, compiler):
+        eng = Engine(tiny_model, smollm_tokenizer, torch.device("cpu"), frozenset({2}), 512, logits_hooks=hooks)
+        eng.start()
+        collect = collector(eng)
+
+        async def both():
+            free = Request(prompt_ids=prompt(smollm_tokenizer),
+                           params=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+            held = Request(prompt_ids=prompt(smollm_tokenizer, "A number"),
+                           params=SamplingParams(max_tokens=40, temperature=0),
+                           constraint=compiler.compile_json_schema(schema).matcher())
+            return await asyncio.gather(collect(free), collect(held))
+        try:
+            return [[t for e in events for t in e.token_ids] for events in asyncio.run(both())]
+        finally:
+            eng.shutdown()
+
+    with GrammarCompiler(vocab, timeout_s=60) as compiler:
+        first = outputs([ConstraintMasker(VOCAB, 8), pin], compiler)
+        second = outputs([pin, ConstraintMasker(VOCAB, 8)], compiler)
+    assert first == second
+    assert len(first[0]) == 12 and set(first[0]) <= {5, 7}
+    value = json.loads(smollm_tokenizer.decode(first[1], skip_special_tokens=True))
+    assert isinstance(value["n"], int) and value["w"] in ("a", "bb")
