@@ -75,6 +75,7 @@ class ConstraintMasker:
                 narrowed[row] = sparse
             else:
                 apply_sparse_mask_inplace(logits[row], sparse)
+        narrowed.picker = None
         if narrowed and self._rows is not None:  # float32 on the CPU: checked above
             step, unit = logits.stride()
             if unit == 1:

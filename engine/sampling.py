@@ -66,9 +66,9 @@ class Narrowed(dict):
     (pick_rows, address, row stride, (rows, vocab)), where the hook that made it read the logits and
     found them float32 on the CPU with rows of unit stride; else None (settle() asks the logits).
     After a forward pass each of torch's attribute reads costs 1.5-2.5 µs; the hook has read the
-    logits already, so they are read once a step."""
+    logits already, so they are read once a step. A slot, set by whoever makes one: no instance dict."""
 
-    picker = None
+    __slots__ = ("picker",)
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
