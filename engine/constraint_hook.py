@@ -75,11 +75,12 @@ class ConstraintMasker:
                 narrowed[row] = sparse
             else:
                 apply_sparse_mask_inplace(logits[row], sparse)
-        narrowed.picker = None
+        picker = None
         if narrowed and self._rows is not None:  # float32 on the CPU: checked above
             step, unit = logits.stride()
             if unit == 1:
-                narrowed.picker = (self._rows, logits.data_ptr(), step, logits.shape)
+                picker = (self._rows, logits.data_ptr(), step, logits.shape)
+        narrowed.picker = picker  # one store a step: the slot is always set
         if not rows:
             return narrowed
         if len(seqs) > self.bitmask.shape[0]:
