@@ -14,7 +14,9 @@ pick and is not counted. Five measures over the same steps:
   engine       timed in the engine's step, on the CPU right after the model's forward pass (whose
                weights have just streamed through every cache: a CPU server's figure), plus the
                masker's lookup of that step's mask ahead, after the previous step's tokens were
-               appended (ConstraintMasker.ahead; its part is shown apart as engine_ahead).
+               appended (ConstraintMasker.ahead). Its three parts are shown apart: engine_ahead (the
+               lookup ahead), engine_call (the masker's call after the pass) and engine_pick (the
+               pick under the mask, engine/sampling.py settle()).
   host, cold   each request's generation replayed on a grammar compiled afresh and a JSON-value
                automaton made afresh (every state's first visit included), step by step with the
                engine's budgets, the masker and pick as in the engine, on random logits that favour
@@ -67,9 +69,9 @@ from server.state import ServerState
 
 class StepClock:
     """Wraps the engine's ConstraintMasker and settle(): per request, each masked step's (output
-    position, token budget, µs of masker + pick, µs of those spent ahead). The masker's lookup
-    ahead (ConstraintMasker.ahead, after the previous step's tokens were appended) counts in the
-    step it was for."""
+    position, token budget, µs of masker + pick, and of its parts: spent ahead, in the masker's call,
+    in the pick). The masker's lookup ahead (ConstraintMasker.ahead, after the previous step's tokens
+    were appended) counts in the step it was for."""
 
     def __init__(self, masker) -> None:
         self.masker, self.steps, self.seqs, self._last, self._ahead = masker, {}, {}, None, {}
@@ -91,7 +93,7 @@ class StepClock:
                 key = seq.request.request_id
                 self.seqs[key] = seq
                 ahead = self._ahead.pop(key, 0.0)
-                self._last = [len(seq.output_ids), seq.tokens_left, spent + ahead, ahead]
+                self._last = [len(seq.output_ids), seq.tokens_left, spent + ahead, ahead, spent, 0.0]
                 self.steps.setdefault(key, []).append(self._last)
         return narrowed
 
@@ -99,7 +101,9 @@ class StepClock:
         started = time.perf_counter()
         out = self._settle(logits, tokens, narrowed)
         if self._last is not None:
-            self._last[2] += (time.perf_counter() - started) * 1e6
+            picked = (time.perf_counter() - started) * 1e6
+            self._last[2] += picked
+            self._last[5] += picked
         return out
 
     def remove(self) -> None:
@@ -211,17 +215,21 @@ async def replays(state: ServerState, records: list[dict], masker, label: str) -
         record[f"{label}_differ"] = record.get(f"{label}_differ", 0) + differ
 
 
+ENGINE_PARTS = {"engine": 2, "engine_ahead": 3, "engine_call": 4, "engine_pick": 5}  # a step's fields
+
+
 def measured(record: dict, label: str) -> list[float]:
-    """µs per masked step of one generation under a measure; "engine_ahead": the part of the
-    engine's looked up ahead (counted in "engine" too)."""
-    if label in ("engine", "engine_ahead"):
-        return [step[2 if label == "engine" else 3] for step in record["steps"]]
+    """µs per masked step of one generation under a measure; "engine_ahead", "engine_call" and
+    "engine_pick": the engine's parts (the lookup ahead, the masker's call, the pick; "engine" is
+    their sum)."""
+    if label in ENGINE_PARTS:
+        return [step[ENGINE_PARTS[label]] for step in record["steps"]]
     return record[label]
 
 
 def summarize(records: list[dict]) -> list[dict]:
     table = []
-    for label in ("engine", "engine_ahead") + LABELS[1:]:
+    for label in tuple(ENGINE_PARTS) + LABELS[1:]:
         for task in ("all", "tools", "json_object", "free_form"):
             rs = [r for r in records if task in ("all", r["task"])]
             values = [t for r in rs for t in measured(r, label)]
