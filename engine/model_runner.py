@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from engine.host_logits import HostLogits
 from engine.slot_attention import use_slot_attention
 from engine.slot_cache import SlotCache
 
@@ -22,6 +23,7 @@ class ModelRunner:
         self.forward_passes = 0
         self._cache_kwarg = cache_kwarg(model)
         use_slot_attention(model)
+        self.host = HostLogits.install(model) if device.type == "cpu" else None  # logits the step reads without torch
 
     @torch.inference_mode()
     def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
@@ -30,11 +32,17 @@ class ModelRunner:
         pass. Returns logits [B, V] of each slot's last new token (rows that fed nothing get
         meaningless logits)."""
         inputs = slots.begin(rows, tokens)
+        host = self.host
+        if host is not None:
+            host.arm(True)
         try:
             out = self.model(**inputs, use_cache=True, **{self._cache_kwarg: slots})
         except BaseException:
             slots.end(completed=False)
             raise
+        finally:
+            if host is not None:
+                host.arm(False)
         slots.end()
         self.forward_passes += 1
-        return out.logits[0]  # [B, V]
+        return out.logits[0] if host is None else host.rows(out.logits)  # [B, V]

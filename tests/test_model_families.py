@@ -22,6 +22,7 @@ from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llam
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from engine.engine import Engine
+from engine.host_logits import host_rows
 from engine.sampling import SamplingParams
 from engine.sequence import Request
 from engine_fixtures import ForcesRun
@@ -125,6 +126,19 @@ def test_the_sliding_window_changes_the_reference(family):
     assert [reference(model, p) for p in ps] != [reference(wide, p) for p in ps]
     short = [p for p in ps if len(p) < WINDOW]
     assert [reference(model, p, 1) for p in short] == [reference(wide, p, 1) for p in short]  # within it
+
+
+def test_every_family_steps_on_the_engines_own_logits_rows(family, smollm_tokenizer):
+    """The equalities here hold on HostLogits' rows (engine/host_logits.py) in every family: each
+    step's logits, batched or alone, are the rows the head wrote, not a tensor of the model's."""
+    _, model = family
+    seen = []
+    driver = Driver(model, smollm_tokenizer, logits_hooks=[lambda logits, seqs: seen.append(host_rows(logits))])
+    for p in prompts(LENGTHS[:3]):
+        driver.submit(p, max_tokens=3)
+    driver.run()
+    assert len(seen) >= 3 and all(rows is not None and rows.shape[1] == VOCAB for rows in seen)
+    assert max(rows.shape[0] for rows in seen) == 3
 
 
 def test_eight_rows_batched_equal_each_alone_and_plain_transformers(family, smollm_tokenizer):
