@@ -30,7 +30,8 @@ class ModelRunner:
         """Feeds tokens[b] to slot rows[b] (prompt chunks, one sampled token, or a sampled token and
         the run the grammar forced after it; [] for a slot that does not step), all in one packed
         pass. Returns logits [B, V] of each slot's last new token (rows that fed nothing get
-        meaningless logits)."""
+        meaningless logits). On CPU these are the engine's own rows (engine/host_logits.py), which
+        the next pass overwrites: read within the step."""
         inputs = slots.begin(rows, tokens)
         host = self.host
         if host is not None:
