@@ -5,6 +5,8 @@
  * (grammars/native.py extension()); without them the ctypes routines serve. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,10 +145,28 @@ static void release(int64_t *items, Py_buffer *view, int owned) {
     else if (view->obj) PyBuffer_Release(view);
 }
 
-/* merged(ids, allowed, on, off) -> bytearray of int64: merge_ids's result in one call, its inputs
- * read as they come (int64 or int32 arrays, or sequences of ints; on and off in any order). A
- * state's first narrowed visit merged through ~8 numpy calls around merge (conversions, a sort, the
- * output and its slice), each several us with the caches cold after a forward pass. */
+/* A flat int64 ndarray over a bytearray's items (whose reference it takes): its base a memoryview that
+ * holds the bytearray's buffer, so the bytearray cannot be resized under it. */
+static PyObject *as_array(PyObject *bytes) {
+    PyObject *view = PyMemoryView_FromObject(bytes);
+    Py_DECREF(bytes);  /* the view holds it */
+    if (!view) return NULL;
+    Py_buffer *buffer = PyMemoryView_GET_BUFFER(view);
+    npy_intp n = buffer->len / 8;
+    PyObject *array = PyArray_SimpleNewFromData(1, &n, NPY_INT64, buffer->buf);
+    if (!array || PyArray_SetBaseObject((PyArrayObject *)array, view) < 0) {  /* steals view, even on failure */
+        Py_XDECREF(array);
+        if (!array) Py_DECREF(view);
+        return NULL;
+    }
+    return array;
+}
+
+/* merged(ids, allowed, on, off) -> int64 ndarray: merge_ids's result in one call, its inputs read as
+ * they come (int64 or int32 arrays, or sequences of ints; on and off in any order). A state's first
+ * narrowed visit merged through ~8 numpy calls around merge (conversions, a sort, the output and its
+ * slice), each several us with the caches cold after a forward pass; the result is made an array
+ * here too (``as_array``): np.frombuffer over it took ~10 us there. */
 static PyObject *merged(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t *items[3] = {NULL, NULL, NULL};
     Py_ssize_t n[3];
@@ -173,7 +193,7 @@ static PyObject *merged(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     for (int i = 0; i < taken; i++) release(items[i], &views[i], owned[i]);
-    return out;
+    return out ? as_array(out) : NULL;
 }
 
 /* bits(words, out) -> int: set_bits (grammars/_set_bits.c) of uint32 words into int64 out. */
@@ -205,7 +225,7 @@ static PyObject *address(PyObject *self, PyObject *array) {
 
 static PyMethodDef methods[] = {
     {"pick_rows", (PyCFunction)(void (*)(void))pick_rows, METH_FASTCALL, "settle()'s picks of narrowed rows"},
-    {"merged", (PyCFunction)(void (*)(void))merged, METH_FASTCALL, "merge_ids (grammars/_merge_ids.c) into a new bytearray"},
+    {"merged", (PyCFunction)(void (*)(void))merged, METH_FASTCALL, "merge_ids (grammars/_merge_ids.c) into a new int64 array"},
     {"bits", (PyCFunction)(void (*)(void))bits, METH_FASTCALL, "set_bits (grammars/_set_bits.c)"},
     {"address", address, METH_O, "where a flat int64 array's items lie"},
     {NULL, NULL, 0, NULL},
@@ -214,6 +234,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_maskd_fast_calls", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__maskd_fast_calls(void) {
+    import_array();  /* numpy's C API (as_array); returns NULL with ImportError where numpy is missing */
     const char *text[NAMES] = {"single", "allowed", "size", "_address", "address"};
     for (int i = 0; i < NAMES; i++)
         if (!(names[i] = PyUnicode_InternFromString(text[i]))) return NULL;

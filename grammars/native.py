@@ -80,23 +80,23 @@ EXTENSION_SOURCES = [os.path.join(_HERE, name)
 
 def extension():
     """maskd's CPython extension (grammars/_fast_calls.c: ``pick_rows``, ``merged``, ``bits``, ``address``),
-    built and loaded once; or None where Python's headers are missing or it cannot be built (callers
-    use the ctypes routines)."""
+    built against Python's and numpy's headers and loaded once; or None where Python's headers are
+    missing or it cannot be built (callers use the ctypes routines)."""
     if not _EXTENSION:
         _EXTENSION.append(_load_extension())
     return _EXTENSION[0]
 
 
 def _load_extension():
-    include = sysconfig.get_paths()["include"]
+    include, numpy_include = sysconfig.get_paths()["include"], np.get_include()
     if not os.path.exists(os.path.join(include, "Python.h")):
         return None
-    digest = hashlib.sha256(include.encode())
+    digest = hashlib.sha256(f"{include} {numpy_include} {np.__version__}".encode())  # built against this numpy
     for path in EXTENSION_SOURCES:
         with open(path, "rb") as f:
             digest.update(f.read())
     name = f"maskd-fast-calls-{digest.hexdigest()[:16]}-{sysconfig.get_config_var('SOABI')}.so"
-    path = _built(name, EXTENSION_SOURCES, [f"-I{include}"])
+    path = _built(name, EXTENSION_SOURCES, [f"-I{include}", f"-I{numpy_include}"])
     try:
         spec = None if path is None else importlib.util.spec_from_file_location("_maskd_fast_calls", path)
         if spec is None:

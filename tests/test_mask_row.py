@@ -158,7 +158,8 @@ def test_pick_rows_picks_each_row_as_its_own_pick_and_refuses_what_is_not_a_row(
 def test_the_extensions_array_calls_read_flat_arrays_of_their_item_size_only():
     """bits and address read numpy arrays through the buffer protocol: the wrong item size or a
     read-only out is an error, never a stray read. merged reads int64 arrays in place and copies
-    int32 arrays, strided arrays and sequences of ints; anything else (floats) is an error."""
+    int32 arrays, strided arrays and sequences of ints; anything else (floats) is an error. It returns
+    an int64 array whose memory cannot be resized under it."""
     if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
         pytest.skip("no Python headers here: the ctypes routines serve")
     fast = native.extension()
@@ -166,7 +167,10 @@ def test_the_extensions_array_calls_read_flat_arrays_of_their_item_size_only():
     out = np.empty(6, dtype=np.int64)
 
     def merged(*args):
-        got = np.frombuffer(fast.merged(*args), dtype=np.int64)
+        got = fast.merged(*args)
+        assert isinstance(got, np.ndarray) and got.dtype == np.int64 and got.ndim == 1
+        with pytest.raises(BufferError):
+            got.base.obj.extend(b"\0" * 8)  # the bytearray under it, held by its memoryview
         return got.tolist()
 
     assert merged(ids, True, np.array([2, 5]), np.array([9])) == [1, 2, 5]
