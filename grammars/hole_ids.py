@@ -24,8 +24,7 @@ def budget_ids(m, budget: int) -> SparseMask | None:
     if room < 1:
         return allowed_sparse(fit, tables.size) if len(fit) else None
     automaton = tables.automaton
-    own = (automaton.budget_sparse(value._q, value._frame, room)
-           if room < automaton.safe_budget(value._q, value._frame) else automaton.entry(value._q, value._frame).sparse)
+    own = automaton.sparse_at(value._q, value._frame, room)
     # many budgets keep the same tokens; where no leaving token fits, the mask is ``own``'s alone, shared by the
     # value states and holes that share ``own``. Keys hold ``own`` itself (hashed by identity), never its address:
     # a list that two threads made at once is dropped by its memo, and a freed address may name another list
@@ -55,8 +54,7 @@ def _unit_budget_ids(m, budget: int) -> SparseMask | None:
     if tables.is_hole(state):
         room = budget - m.grammar.min_tokens(tables.hole_after(state))
         q, frame = automaton.initial("value")
-        first = (automaton.budget_sparse(q, frame, max(room, 1)) if max(room, 1) < automaton.safe_budget(q, frame)
-                 else automaton.entry(q, frame).sparse)
+        first = automaton.sparse_at(q, frame, max(room, 1))
         start = (room < 1, first)
     # only a hole's state has an edge for the sentinel (its tokens start with it): elsewhere no merge clears it
     clear = tables.sentinel_ids if start is not None else []

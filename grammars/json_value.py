@@ -205,7 +205,7 @@ class JsonValueAutomaton:
 
     def _costs_of(self, q: int, frame: Frame) -> tuple[int, tuple[int, ...], int]:
         """(min_tokens - frame.base, min_tokens after each allowed chunk - min_tokens, the largest)."""
-        key = (q, frame.pids[:self.pops[q] + 1], min(MAX_DEPTH - frame.depth, self.rise[q]))
+        key = self._costs_key(q, frame)
         got = self._costs.get(key)
         if got is None:
             entry = self.entry(q, frame)
@@ -215,6 +215,10 @@ class JsonValueAutomaton:
             deltas = tuple(a - cur for a in after)
             got = self._costs.setdefault(key, (cur - frame.base, deltas, max(deltas, default=-1)))
         return got
+
+    def _costs_key(self, q: int, frame: Frame) -> tuple:
+        """What _costs_of reads of the stack at q: the key of its memo, and budget keys' start."""
+        return q, frame.pids[:self.pops[q] + 1], min(MAX_DEPTH - frame.depth, self.rise[q])
 
     def safe_budget(self, q: int, frame: Frame) -> int:
         """The least budget at which budget_row(q, frame, budget) is None, and at every larger one."""
@@ -235,22 +239,45 @@ class JsonValueAutomaton:
         return self._budget_sparse.get(key, lambda: self._budget_row(key, q, frame),
                                        lambda: self._budget_ids(q, frame, key[-1]))
 
+    def sparse_at(self, q: int, frame: Frame, budget: int) -> SparseMask | None:
+        """entry(q, frame).sparse where ``budget`` narrows nothing (from safe_budget on), else
+        budget_sparse's mask: the costs read once for both (a state's first narrowed visit asks here,
+        its caches cold after a forward pass, where each read costs µs)."""
+        key = self._costs_key(q, frame)
+        rel, deltas, far = self._costs.get(key) or self._costs_of(q, frame)
+        slack = self._slack(frame.base + rel, budget)
+        if slack >= far:
+            return self.entry(q, frame).sparse
+        key += (slack,)
+        return self._budget_sparse.get(key, lambda: self._budget_row(key, q, frame),
+                                       lambda: self._budget_ids(q, frame, slack))
+
     def budget_key(self, q: int, frame: Frame, budget: int) -> tuple | None:
         """The key budget_row(q, frame, budget) is memoised under (what it reads of the stack), or None
         where the budget narrows nothing."""
         rel, _, far = self._costs_of(q, frame)
-        cur = frame.base + rel
-        slack = max(budget - 1, cur - 1) - cur
-        if slack >= far:
-            return None
-        return (q, frame.pids[:self.pops[q] + 1], min(MAX_DEPTH - frame.depth, self.rise[q]), slack)
+        slack = self._slack(frame.base + rel, budget)
+        return None if slack >= far else self._costs_key(q, frame) + (slack,)
+
+    @staticmethod
+    def _slack(cur: int, budget: int) -> int:
+        """How many tokens more than the fewest (``cur``) a token may leave to write at ``budget``."""
+        return max(budget - 1, cur - 1) - cur
+
+    def make_budget_masks(self, q: int, frame: Frame) -> None:
+        """budget_sparse's masks of (q, frame) made ahead at every cut a budget can make, where they
+        can be made without a row (warm_automaton, at startup): a state's first narrowed visit then
+        reads one memo (made then, its lookups cost 15-25 µs with the caches cold)."""
+        key, (_, _, far) = self._costs_key(q, frame), self._costs_of(q, frame)
+        for slack in range(-1, far):
+            self._budget_sparse.put(key + (slack,), lambda: self._budget_ids(q, frame, slack))
 
     def _budget_ids(self, q: int, frame: Frame, slack: int) -> SparseMask | None:
         """budget_row's SparseMask at a key's ``slack``, made from id lists, no row: the allowed
         chunks' ids where they are few; else the entry's banned ids and the ruled-out chunks' where
         those are (a token in two chunks, one kept, stays allowed); else None."""
         entry = self.entry(q, frame)
-        keep = tuple(delta <= slack for delta in self._costs_of(q, frame)[1])
+        keep = tuple(map(slack.__ge__, self._costs_of(q, frame)[1]))  # each chunk's delta <= slack
         chosen = (id(entry), keep)  # many keys keep the same chunks of one entry
         if chosen not in self._kept:  # one made meanwhile by another thread is the one kept and read
             self._kept.setdefault(chosen, self._kept_ids(q, entry, keep))

@@ -25,7 +25,7 @@ from grammars.json_value_cache import _disk_tables, json_value_automaton, warm_a
 from grammars.json_value_lexer import AFTER, ARRAY, ARRAY_FIRST, KEY, MAX_DEPTH, N_FRAC, NAMES, OBJECT
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.json_value_tables import load_tables
-from grammars.sparse_mask import sparse_mask
+from grammars.sparse_mask import SparseMask, sparse_mask
 from json_reference import reference
 
 
@@ -422,12 +422,13 @@ def test_budget_mask_is_every_token_that_still_fits(automaton, vocab, prefix):
 
 def test_warm_makes_every_mask_a_nested_value_reaches():
     """warm_automaton() (run once the automaton is loaded, before `maskd serve` listens) makes the entries,
-    budget costs and budget-narrowed id lists that first visits would make, at any depth: walking
-    nested values afterwards, asking each prefix's mask at every budget that narrows it, makes none."""
+    budget costs and budget-narrowed id lists that first visits would make, at any depth, and holds the
+    lists under the budgets' keys: walking nested values afterwards, asking each prefix's mask at every
+    budget that narrows it, makes none and finds each list at its key (none made on a first ask)."""
     automaton = JsonValueAutomaton(json_value_automaton(smollm2_vocabulary()).tables,
                                    smollm2_vocabulary().eos_token_ids)  # fresh entries
     warm_automaton(automaton)
-    made = len(automaton._entries), len(automaton._costs), len(automaton._kept)
+    made = len(automaton._entries), len(automaton._costs), len(automaton._kept), _masks_held(automaton)
     texts = [b'{"a":[{"b":{"c":[[1.5e+3,-2,"x\\n\\"y"],{"d":null,"e":[true,false]}]}}],"f":"g"}',
              b'{"a":' * 20 + b'{"t":"x"}' + b"}" * 20, b'{"a":' + b"[" * 20 + b"1" + b"]" * 20 + b"}"]
     row = torch.zeros(automaton.width, dtype=torch.int32)
@@ -441,4 +442,24 @@ def test_warm_makes_every_mask_a_nested_value_reaches():
                 narrowed += matcher.sparse_mask(budget) is not matcher.sparse_mask()
         assert matcher.finished()
     assert narrowed > 100  # the budgets asked did narrow masks
-    assert (len(automaton._entries), len(automaton._costs), len(automaton._kept)) == made
+    assert (len(automaton._entries), len(automaton._costs), len(automaton._kept), _masks_held(automaton)) == made
+
+
+def _masks_held(automaton) -> int:
+    return sum(isinstance(got, SparseMask) for got in automaton._budget_sparse._memo.values())
+
+
+@pytest.mark.parametrize("prefix,narrows", [(b'{"a":', True), (b'{"a":[{"b":{}', True), (b'{"k":"x', True), (b"", True),
+                                             (b'{"a":{"b":[[1.5e', False)])  # after `e`: every token costs the same
+def test_sparse_at_is_the_entrys_mask_from_the_safe_budget_on_and_the_budget_mask_below(automaton, vocab, prefix,
+                                                                                          narrows):
+    matcher = _at(automaton, vocab, prefix)
+    q, frame = matcher._q, matcher._frame
+    safe = automaton.safe_budget(q, frame)
+    assert (safe > 1) == narrows
+    for budget in range(1, max(min(safe, 40), 1) + 3):
+        automaton.budget_sparse(q, frame, budget) if budget < safe else None  # a first ask may be None; then made
+        expected = automaton.budget_sparse(q, frame, budget) if budget < safe else automaton.entry(q, frame).sparse
+        keys = len(automaton._budget_sparse)
+        assert automaton.sparse_at(q, frame, budget) is expected
+        assert len(automaton._budget_sparse) == keys  # read at budget_sparse's own key
