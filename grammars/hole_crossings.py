@@ -77,42 +77,55 @@ def least(tables, end) -> int:
 
 def _keep(tables, key: tuple, costs_key: tuple, walked: list) -> None:
     """Memoise (tokens, the most left after any) at ``key``, (int64 tokens, int64 the fewest left after
-    each), both read-only and ordered by that fewest, at ``costs_key``, and that fewest as a list at
-    ``("fit-levels",) + key`` (fit); the costs first, as readers of ``key`` then read them."""
+    each), both read-only and ordered by that fewest, at ``costs_key``, and for fit (that fewest as a
+    list, the tokens, and the slices made of them) at ``("fits",) + key``; the others first, as
+    readers of ``key`` then read them."""
     left = [least(tables, end) for _, end in walked]
     ordered = sorted(zip(left, (t for t, _ in walked)))
     tokens = np.asarray([t for _, t in ordered], dtype=np.int64)
     costs = np.asarray([c for c, _ in ordered], dtype=np.int64)
     tokens.flags.writeable = costs.flags.writeable = False
-    tables._memo[("fit-levels",) + key] = [c for c, _ in ordered]
+    tables._memo[("fits",) + key] = ([c for c, _ in ordered], tokens, {})
     tables._memo[costs_key] = (tokens, costs)
     tables._memo[key] = ([t for t, _ in walked], max(left, default=0))
 
 
 def entering_fit(tables, state: int, limit: int) -> np.ndarray:
     """int64: HoleTables.entering_costs' tokens after which at most ``limit`` tokens are left (memoised: fit)."""
-    return fit(tables, ("enter", state), tables.entering_costs(state)[0], limit)
+    fits = tables._memo.get(("fits", "enter", state))
+    if fits is None:
+        tables.entering(state)
+        fits = tables._memo[("fits", "enter", state)]
+    return fit(fits, limit)
 
 
 def leaving_fit(tables, value_state, hole: int, limit: int) -> np.ndarray:
     """int64: HoleTables.leaving_costs' tokens after which at most ``limit`` tokens are left (memoised: fit)."""
-    return fit(tables, ("leave", value_state, hole), tables.leaving_costs(value_state, hole)[0], limit)
+    fits = tables._memo.get(("fits", "leave", value_state, hole))
+    if fits is None:
+        tables.leaving(value_state, hole)  # none deeper than EXIT_DEPTH, where no token leaves
+        fits = tables._memo.get(("fits", "leave", value_state, hole), _NO_FITS)
+    return fit(fits, limit)
 
 
-def fit(tables, name: tuple, tokens: np.ndarray, limit: int) -> np.ndarray:
-    """The tokens of a list after which at most ``limit`` are left (the list as _keep memoised it,
-    ordered by cost: a leading slice), memoised in ``tables`` under ``name`` per how many tokens it
-    keeps: a budget falls by one a step and keeps the same tokens over many steps (inside a string the
-    value's state stays too). The slice's end is found by bisecting _keep's Python list of costs: a
+def fit(fits: tuple, limit: int) -> np.ndarray:
+    """The tokens of _keep's ``fits`` (the fewest left after each, ascending; the tokens in that order;
+    the slices made) after which at most ``limit`` are left: a leading slice, memoised per how many
+    tokens it keeps (a budget falls by one a step and keeps the same tokens over many steps; inside a
+    string the value's state stays too). The slice's end is found by bisecting the Python list: a
     boolean index and the distinct costs of numpy arrays cost 20-60 us at a budget-narrowed first ask
-    (cold, on Gemma's lists)."""
+    (cold, on Gemma's lists). One memo entry holds all three: each lookup costs µs at a first
+    narrowed visit, its caches cold after a forward pass."""
+    levels, tokens, made = fits
     if not len(tokens):
         return NO_TOKENS
-    count = bisect.bisect_right(tables._memo[("fit-levels",) + name], limit)
-    key = ("fit", count) + name
-    got = tables._memo.get(key)
+    count = bisect.bisect_right(levels, limit)
+    got = made.get(count)
     if got is None:
-        made = tokens[:count]
-        made.flags.writeable = False  # shared by every ask that keeps these tokens
-        got = tables._memo.setdefault(key, made)
+        got = tokens[:count]
+        got.flags.writeable = False  # shared by every ask that keeps these tokens
+        got = made.setdefault(count, got)
     return got
+
+
+_NO_FITS = ([], NO_TOKENS, {})
