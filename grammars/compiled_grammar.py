@@ -212,7 +212,7 @@ class CompiledGrammar:
             stored = self.budget.sparse_ids(state, self.vocabulary.size)
             if stored is not None:
                 kind, ids = stored
-                sparse = None if kind == NONE else SparseMask(
+                sparse = None if kind == NONE else SparseMask.of_sorted(
                     kind == ALLOWED, ids.astype(np.int64), self.vocabulary.size)
             elif sparse is _UNSEEN:
                 self._sparse[state] = _SEEN_ONCE

@@ -65,10 +65,10 @@ class SparseMask:
         return self._ids
 
     @classmethod
-    def merged(cls, allowed: bool, array: np.ndarray, vocab_size: int) -> SparseMask:
-        """A SparseMask of a merge's result (``_merged``: int64, ascending, distinct), held as it is: the
-        constructor's type check and conversion cost ~10 µs with the caches cold, and a state's first
-        narrowed visit makes two or three of these (grammars/hole_ids.py)."""
+    def of_sorted(cls, allowed: bool, array: np.ndarray, vocab_size: int) -> SparseMask:
+        """A SparseMask of an int64 array already ascending and distinct (a merge's result, a state's
+        stored ids), held as it is: the constructor's type check and conversion cost ~10 µs with the
+        caches cold, and a state's first narrowed visit makes two or three (grammars/hole_ids.py)."""
         mask = cls.__new__(cls)
         mask.allowed, mask.array, mask.vocab_size, mask.size = allowed, array, vocab_size, len(array)
         mask.single = int(array[0]) if allowed and mask.size == 1 else -1
@@ -140,7 +140,7 @@ def changed(mask: SparseMask | None, on, off) -> SparseMask | None:
         return _allowed_side(ids, mask.vocab_size)
     if len(ids) > DISALLOWED_MAX or len(ids) > mask.vocab_size - len(ids):
         return None
-    return SparseMask.merged(False, ids, mask.vocab_size)
+    return SparseMask.of_sorted(False, ids, mask.vocab_size)
 
 
 def _allowed_side(ids: np.ndarray, vocab_size: int) -> SparseMask | None:
@@ -148,7 +148,7 @@ def _allowed_side(ids: np.ndarray, vocab_size: int) -> SparseMask | None:
     banned = vocab_size - len(ids)
     if len(ids) > ALLOWED_MAX or (banned <= DISALLOWED_MAX and banned <= len(ids)):
         return None
-    return SparseMask.merged(True, ids, vocab_size)
+    return SparseMask.of_sorted(True, ids, vocab_size)
 
 
 def _merged(ids: np.ndarray, allowed: bool, on, off) -> np.ndarray:

@@ -342,6 +342,16 @@ def test_sparse_mask_picks_the_short_side_and_ignores_bits_past_the_vocabulary()
     assert sparse_mask(HalfMask().row, V) is None
 
 
+@pytest.mark.parametrize("allowed,ids", [(True, [7]), (True, [1, 5, 9]), (False, [7]), (False, [2, 3]), (True, [])])
+def test_a_mask_of_sorted_ids_is_the_one_the_constructor_makes(allowed, ids):
+    array = np.array(ids, dtype=np.int64)
+    held, made = SparseMask.of_sorted(allowed, array, 10), SparseMask(allowed, array, 10)
+    assert held.array is array  # held as it is, no copy
+    for slot in ("allowed", "vocab_size", "size", "single", "address"):
+        assert getattr(held, slot) == getattr(made, slot)
+    assert held.ids.tolist() == ids
+
+
 def test_apply_sparse_mask_refuses_a_row_of_another_width():
     sparse = SparseMask(True, torch.tensor([1, 2]), 10)
     with pytest.raises(ValueError, match="one CPU logits row"):
