@@ -1,7 +1,7 @@
 /* CPython entry points to maskd's C routines that run on the request path: a ctypes call costs
  * 2-2.5 us on these machines (each argument converted through its ctypes type) and numpy's
  * `.ctypes.data` ~3 us per array; a METH_FASTCALL call 0.2-0.3, reading numpy arrays through the
- * buffer protocol. Built beside the ctypes library where Python's headers are present
+ * buffer protocol. Built beside the ctypes library where Python's headers are present, with numpy's
  * (grammars/native.py extension()); without them the ctypes routines serve. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

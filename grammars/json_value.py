@@ -267,7 +267,7 @@ class JsonValueAutomaton:
     def make_budget_masks(self, q: int, frame: Frame) -> None:
         """budget_sparse's masks of (q, frame) made ahead at every cut a budget can make, where they
         can be made without a row (warm_automaton, at startup): a state's first narrowed visit then
-        reads one memo (made then, its lookups cost 15-25 µs with the caches cold)."""
+        reads one memo, where making it there cost 15-25 µs with the caches cold."""
         key, (_, _, far) = self._costs_key(q, frame), self._costs_of(q, frame)
         for slack in range(-1, far):
             self._budget_sparse.put(key + (slack,), lambda: self._budget_ids(q, frame, slack))
