@@ -158,3 +158,17 @@ def test_the_c_split_equals_the_python_one():
     vocab = smollm2_vocabulary()
     for text in (b'\n{"name": "add", "arguments": {"a":0,"b":0}}\n', b'{"meta":\x01,"n":0}', b"\x01\x01", b""):
         assert _trie(vocab).split(text, 1) == _bounds(text, _pieces(vocab))
+
+
+def test_tokens_at_finds_every_token_text_the_literal_starts_with():
+    """tokens_at looks only as far as the longest token with the literal's two bytes at k, and finds
+    what a look-up of every length finds (ids grouped as the vocabulary's pieces)."""
+    stage, _ = stage_of(GRAMMAR.units)
+    pieces = stage.pieces
+    longest = max(map(len, pieces))
+    for i, literal in enumerate(stage.literals):
+        for k in range(len(literal)):
+            every = tuple((end, pieces[literal[k:end]]) for end in range(k + 1, min(len(literal), k + longest) + 1)
+                          if literal[k:end] in pieces)
+            assert stage.tokens_at(i, k) == every
+            assert every  # a text literal: some token starts it at every byte
