@@ -4,8 +4,9 @@
  * index_table() computes, for every state, the fewest tokens that reach a final state (a BFS
  * backwards from the finals); the distance of its farthest successor; the most common distance
  * among its successors (the mode: inside a JSON string, that of the ~48k plain tokens that stay in
- * the string); and its "odd" tokens, those whose successor's distance differs from the mode. Under a
- * token budget a state's mask is then its full mask minus odd tokens, or odd tokens alone.
+ * the string); and its "odd" tokens, those whose successor's distance differs from the mode, ordered
+ * by that distance. Under a token budget a state's mask is then its full mask minus a suffix of its
+ * odd tokens, or a prefix of them alone.
  *
  * Given the logits width (vocab_size > 0), it also writes every state's mask in the short form
  * grammars/sparse_mask.py applies on CPU, so a state's first visit needs no bitmask: the state's
@@ -48,6 +49,31 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
 /* 0 on success; -1 malformed input (a next state out of range), -2 out of memory. `plain`: the plain
  * token ids, ascending; `plain_bits`: those below vocab_size as a packed bitmask, or NULL (then made
  * here); `eos_ids` ascending, once each. */
+/* A state's odd tokens ordered by their distance, ties kept in order (a counting sort): a budget then
+ * keeps a prefix of them ("only") or drops a suffix ("drop"), read as a slice (grammars/budget.py).
+ * tmp_*: room for n; start: [max_dist + 2] zeros, left zeroed. */
+static void sort_by_distance(int32_t *tok, int32_t *dist, int64_t n, int32_t *tmp_tok, int32_t *tmp_dist,
+                             int64_t *start) {
+    int32_t lo = INT32_MAX, hi = -1;
+    int sorted = 1;
+    for (int64_t i = 0; i < n; i++) {
+        if (dist[i] < lo) lo = dist[i];
+        if (dist[i] > hi) hi = dist[i];
+        if (i && dist[i] < dist[i - 1]) sorted = 0;
+    }
+    if (sorted) return;
+    for (int64_t i = 0; i < n; i++) start[dist[i] + 1]++;
+    for (int32_t d = lo; d <= hi; d++) start[d + 1] += start[d];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t at = start[dist[i]]++;
+        tmp_tok[at] = tok[i];
+        tmp_dist[at] = dist[i];
+    }
+    memcpy(tok, tmp_tok, n * sizeof *tok);
+    memcpy(dist, tmp_dist, n * sizeof *dist);
+    memset(start + lo, 0, (size_t)(hi - lo + 2) * sizeof *start);
+}
+
 int index_table(int64_t n_states, const int64_t *off, const int32_t *tok, const int32_t *nxt, const uint8_t *final,
                 const uint8_t *loop, const int32_t *plain, int64_t n_plain, const uint32_t *plain_bits,
                 int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max,
@@ -122,6 +148,9 @@ int index_table(int64_t n_states, const int64_t *off, const int32_t *tok, const 
     out->odd_tok = malloc((n_odd + 1) * sizeof *out->odd_tok);
     out->odd_dist = malloc((n_odd + 1) * sizeof *out->odd_dist);
     if (!out->odd_tok || !out->odd_dist) { rc = -2; goto done; }
+    int32_t *tmp_tok = malloc((n_odd + 1) * sizeof *tmp_tok), *tmp_dist = malloc((n_odd + 1) * sizeof *tmp_dist);
+    int64_t *start = calloc((size_t)max_dist + 2, sizeof *start);
+    if (!tmp_tok || !tmp_dist || !start) { free(tmp_tok); free(tmp_dist); free(start); rc = -2; goto done; }
     n_odd = 0;
     for (int64_t s = 0; s < n_states; s++) {
         for (int64_t k = off[s]; k < off[s + 1]; k++) {
@@ -130,8 +159,11 @@ int index_table(int64_t n_states, const int64_t *off, const int32_t *tok, const 
         }
         if (loop[s] && out->dist[s] >= 0 && out->dist[s] != out->mode[s])
             for (int64_t i = 0; i < n_plain; i++) { out->odd_tok[n_odd] = plain[i]; out->odd_dist[n_odd++] = out->dist[s]; }
+        int64_t lo = out->odd_off[s];
+        sort_by_distance(out->odd_tok + lo, out->odd_dist + lo, n_odd - lo, tmp_tok, tmp_dist, start);
         out->odd_off[s + 1] = n_odd;
     }
+    free(tmp_tok); free(tmp_dist); free(start);
     out->n_states = n_states;
     out->n_trans = n_trans;
     out->n_odd = n_odd;

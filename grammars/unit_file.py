@@ -143,6 +143,9 @@ def _table(arrays: dict[str, np.ndarray], vocab_size: int) -> BudgetTable:
         raise BadEntry("table arrays of mismatched lengths")
     if not _in_range(arrays["odd_tok"], vocab_size):
         raise BadEntry("odd tokens out of range")
+    falls = np.flatnonzero(np.diff(arrays["odd_dist"]) < 0) + 1  # a budget reads a state's as a slice
+    if not np.isin(falls, arrays["odd_off"]).all():
+        raise BadEntry("odd tokens not ordered by distance")
     count = arrays.get("count")
     if count is not None and len(count) != states:
         raise BadEntry("count of the wrong length")

@@ -21,7 +21,8 @@ from test_tool_constraint import allowed, check_calls, compiler, make, vocab  # 
 SAMPLED = SamplingParams(temperature=1.0)  # the masker writes a sampled row's mask into its logits
 
 SMALL_TOKENS = ["a", "b", "c", "ab", "bc", "abc", "{", "}", '"', '{"', '"}', "1", "12", ",", ":"]
-SMALL_REGEXES = [r"a{3,7}", r"(ab|c)*abc", r"\{\"[abc]{0,4}\"(,[12]{1,3})?\}", r"(a|bc)+c?", r"[abc]{2}:[12]+"]
+SMALL_REGEXES = [r"a{3,7}", r"(ab|c)*abc", r"\{\"[abc]{0,4}\"(,[12]{1,3})?\}", r"(a|bc)+c?", r"[abc]{2}:[12]+",
+                 r"[abc]*(\{1\}|\})"]  # last: odd tokens at two distances, the nearer one the higher id
 SCHEMA = {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"},
     "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
@@ -67,7 +68,8 @@ def test_distance_table_matches_brute_force(regex):
 @pytest.mark.parametrize("regex", SMALL_REGEXES)
 @pytest.mark.parametrize("few_odd", [budget_module.FEW_ODD, -1])
 def test_budget_restriction_keeps_exactly_the_tokens_that_still_fit(regex, few_odd, monkeypatch):
-    """Read as Python lists (few odd tokens) and as arrays (-1: every state's through numpy), ascending."""
+    """Read as Python lists (few odd tokens) and as arrays (-1: every state's through numpy): a prefix
+    ("only") or a suffix ("drop") of the state's odd tokens, which are ordered by distance."""
     monkeypatch.setattr(budget_module, "FEW_ODD", few_odd)
     index, eos = small_index(regex)
     distance = brute_force_distance(index, eos)
@@ -82,7 +84,11 @@ def test_budget_restriction_keeps_exactly_the_tokens_that_still_fit(regex, few_o
             else:
                 kind, ids = rule
                 listed = list(ids) if few_odd >= 0 else ids.tolist()
-                assert listed == sorted(listed)
+                i = table._dense[state]
+                odd = table.odd_tok[table.odd_off[i]:table.odd_off[i + 1]].tolist()
+                dist = table.odd_dist[table.odd_off[i]:table.odd_off[i + 1]].tolist()
+                assert dist == sorted(dist)
+                assert listed == (odd[len(odd) - len(listed):] if kind == "drop" else odd[:len(listed)])
                 got = allowed_tokens - set(listed) if kind == "drop" else set(listed)
                 assert got == fits, (state, limit)
 
@@ -94,6 +100,34 @@ def test_c_table_equals_python_table_on_a_real_schema(compiler):
     assert (fast.keys[order] == slow.keys[order_slow]).all()
     assert (fast.distance[order] == slow.distance[order_slow]).all()
     assert grammar.min_tokens(grammar.initial_state) > 5
+    for state in fast.keys.tolist():  # each state's odd tokens ordered by distance in both; the same
+        rows, modes = [], [table.mode[table._dense[state]] for table in (fast, slow)]  # ties may differ
+        for table in (fast, slow):
+            i = table._dense[state]
+            lo, hi = table.odd_off[i], table.odd_off[i + 1]
+            rows.append(sorted(zip(table.odd_dist[lo:hi].tolist(), table.odd_tok[lo:hi].tolist())))
+            assert table.odd_dist[lo:hi].tolist() == sorted(table.odd_dist[lo:hi].tolist())
+        assert rows[0] == rows[1] or modes[0] != modes[1]
+
+
+def test_a_stored_table_whose_odd_tokens_are_out_of_distance_order_is_not_read():
+    """A budget reads a state's odd tokens as a slice (BudgetTable.restriction): a unit file whose
+    table breaks that order is a bad entry (grammars/unit_file.py), not a wrong mask."""
+    from grammars.unit_file import _TABLE, BadEntry, _table
+
+    index, eos = small_index(SMALL_REGEXES[-1])
+    table = build_budget_table(index)
+    arrays = dict(zip(_TABLE, (table.keys, table.distance, table.far, table.mode, table.odd_off, table.odd_tok,
+                               table.odd_dist)))
+    assert _table(arrays, eos + 1).odd_dist.tolist() == table.odd_dist.tolist()
+    spread = [i for i in range(len(table.keys))
+              if len(set(table.odd_dist[table.odd_off[i]:table.odd_off[i + 1]].tolist())) > 1]
+    assert spread, "no state with odd tokens at two distances"
+    lo, hi = table.odd_off[spread[0]], table.odd_off[spread[0] + 1]
+    arrays["odd_dist"] = table.odd_dist.copy()
+    arrays["odd_dist"][lo:hi] = table.odd_dist[lo:hi][::-1]
+    with pytest.raises(BadEntry, match="ordered by distance"):
+        _table(arrays, eos + 1)
 
 
 @pytest.mark.parametrize("slack", [0, 1, 5, 20])
