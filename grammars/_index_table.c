@@ -46,9 +46,6 @@ static int sparse_forms(index_table_t *out, const int64_t *off, const int32_t *t
                         int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max,
                         int64_t banned_max, int64_t ids_cap);
 
-/* 0 on success; -1 malformed input (a next state out of range), -2 out of memory. `plain`: the plain
- * token ids, ascending; `plain_bits`: those below vocab_size as a packed bitmask, or NULL (then made
- * here); `eos_ids` ascending, once each. */
 /* A state's odd tokens ordered by their distance, ties kept in order (a counting sort): a budget then
  * keeps a prefix of them ("only") or drops a suffix ("drop"), read as a slice (grammars/budget.py).
  * tmp_*: room for n; start: [max_dist + 2] zeros, left zeroed. */
@@ -74,6 +71,9 @@ static void sort_by_distance(int32_t *tok, int32_t *dist, int64_t n, int32_t *tm
     memset(start + lo, 0, (size_t)(hi - lo + 2) * sizeof *start);
 }
 
+/* 0 on success; -1 malformed input (a next state out of range), -2 out of memory. `plain`: the plain
+ * token ids, ascending; `plain_bits`: those below vocab_size as a packed bitmask, or NULL (then made
+ * here); `eos_ids` ascending, once each. */
 int index_table(int64_t n_states, const int64_t *off, const int32_t *tok, const int32_t *nxt, const uint8_t *final,
                 const uint8_t *loop, const int32_t *plain, int64_t n_plain, const uint32_t *plain_bits,
                 int64_t vocab_size, const int32_t *eos_ids, int64_t n_eos, int64_t allowed_max, int64_t banned_max,

@@ -49,8 +49,8 @@ class NameStage:
     def tokens_at(self, i: int, k: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
         """(end, ids) for each token text that is literal i's bytes [k:end], memoised. Only as far as
         the longest token that starts with the literal's two bytes at k: the name's first visits
-        looked up every length up to the vocabulary's longest token (81 bytes on SmolLM2), ~200 dict
-        lookups a step with four tools live (60-100 us)."""
+        looked up every length up to the vocabulary's longest token (81 bytes on SmolLM2): ~200 dict
+        lookups a step with four tools live, where the step's lookup ahead took 80-155 µs."""
         got = self._at.get((i, k))
         if got is None:
             literal, pieces = self.literals[i], self.pieces
