@@ -213,10 +213,10 @@ def budget_table_from_transitions(index, vocab_size: int | None = None, eos_ids=
         counts = Counter(d for d in ds.values() if d >= 0)
         common = max(counts, key=lambda d: (counts[d], -d), default=-1)  # ties: the nearer distance
         mode.append(common)
-        for t, d in sorted(ds.items(), key=lambda item: item[1]):  # by distance, as _index_table.c orders them
-            if d >= 0 and d != common:
-                tok.append(t)
-                dist.append(d)
+        odd = [(t, d) for t, d in ds.items() if d >= 0 and d != common]
+        for t, d in sorted(odd, key=lambda item: item[1]):  # by distance, as _index_table.c orders them
+            tok.append(t)
+            dist.append(d)
         off.append(len(tok))
     count = [len(row) for row in transitions.values()] if eos_ids else None
     sparse = None
