@@ -101,11 +101,17 @@ def entering_fit(tables, state: int, limit: int) -> np.ndarray:
 
 def leaving_fit(tables, value_state, hole: int, limit: int) -> np.ndarray:
     """int64: HoleTables.leaving_costs' tokens after which at most ``limit`` tokens are left (memoised: fit)."""
+    return fit(leaving_fits(tables, value_state, hole), limit)
+
+
+def leaving_fits(tables, value_state, hole: int) -> tuple:
+    """_keep's fits of leaving(value_state, hole) (the fewest left after each token, ascending; the
+    tokens in that order; the slices made), for fit(); none deeper than EXIT_DEPTH."""
     fits = tables._memo.get(("fits", "leave", value_state, hole))
     if fits is None:
-        tables.leaving(value_state, hole)  # none deeper than EXIT_DEPTH, where no token leaves
+        tables.leaving(value_state, hole)
         fits = tables._memo.get(("fits", "leave", value_state, hole), _NO_FITS)
-    return fit(fits, limit)
+    return fits
 
 
 def fit(fits: tuple, limit: int) -> np.ndarray:

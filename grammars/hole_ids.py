@@ -1,7 +1,8 @@
 """A HoleMatcher's budget-narrowed masks made from id lists (no row): the value's or the unit's
 memoised mask, changed by the few tokens a budget rules in or out (the leaving or entering tokens that
 fit, EOS, the sentinel; grammars/sparse_mask.py changed). HoleMatcher._narrowed asks them on a
-state's first narrowed visit; where one side of the mask is long, None (then the row: _fill_budget).
+state's first narrowed visit in the unit, and on a rung's first ask inside a value (grammars/value_rungs.py);
+where one side of the mask is long, None (then the row: _fill_budget).
 """
 
 from __future__ import annotations
@@ -21,20 +22,27 @@ def budget_ids(m, budget: int) -> SparseMask | None:
     after = tables.hole_after(m.hole)
     room = budget - m.grammar.min_tokens(after)
     fit = leaving_fit(tables, value.state, m.hole, budget - 1)
+    own = tables.automaton.sparse_at(value._q, value._frame, room) if room >= 1 else None
+    return value_ids(m, room, own, fit, m.grammar.is_final(after))
+
+
+def value_ids(m, room: int, own: SparseMask | None, fit: np.ndarray, final: bool) -> SparseMask | None:
+    """budget_ids' mask from its parts: the value's ``room``, the automaton's mask there (``own``), the
+    leaving tokens that fit and whether the unit may end after the value (grammars/value_rungs.py
+    passes those it holds)."""
     if room < 1:
-        return allowed_sparse(fit, tables.size) if len(fit) else None
-    automaton = tables.automaton
-    own = automaton.sparse_at(value._q, value._frame, room)
+        return allowed_sparse(fit, m.tables.size) if len(fit) else None
     # many budgets keep the same tokens; where no leaving token fits, the mask is ``own``'s alone, shared by the
-    # value states and holes that share ``own``. Keys hold ``own`` itself (hashed by identity), never its address:
-    # a list that two threads made at once is dropped by its memo, and a freed address may name another list
-    key = (("narrowed", value.state, m.hole, own, len(fit)) if len(fit)
-           else ("narrowed-own", own, m.grammar.is_final(after)))
-    return tables.kept(key, lambda: _merged(m, own, fit, after))
+    # value states and holes, of every grammar, that share ``own``. Keys hold ``own`` itself (hashed by identity),
+    # never its address: a list that two threads made at once is dropped by its memo, and a freed address may
+    # name another list
+    if len(fit):
+        return m.tables.kept(("narrowed", m.value.state, m.hole, own, len(fit)), lambda: _merged(m, own, fit, final))
+    return m.tables.automaton.kept(("narrowed-own", own, final), lambda: _merged(m, own, fit, final))
 
 
-def _merged(m, own: SparseMask | None, fit: np.ndarray, after: int) -> SparseMask | None:
-    clear = [] if m.grammar.is_final(after) else list(m.tables.automaton.eos_token_ids)
+def _merged(m, own: SparseMask | None, fit: np.ndarray, final: bool) -> SparseMask | None:
+    clear = [] if final else list(m.tables.automaton.eos_token_ids)
     got = changed(own, fit, clear)
     return None if got is not None and got.allowed and not len(got.array) else got
 

@@ -24,6 +24,7 @@ from grammars.json_value_matcher import JsonValueMatcher
 from grammars.matcher import Matcher
 from grammars.sparse_mask import SparseMask
 from grammars.value_exits import EXIT_DEPTH
+from grammars.value_rungs import NO_POSITION, position, rung, rung_ids
 
 
 class HoleMatcher:
@@ -38,6 +39,7 @@ class HoleMatcher:
         self._history: list[tuple] = []  # per token: (unit steps, value before, hole before, value stepped)
         self.budget_forced = False
         self._here = (None, -1, None, None, None, 0)  # (value or None, its q, frame, hole or unit state, sparse, safe)
+        self._rungs = NO_POSITION  # where the value's budget-narrowed masks were last asked (grammars/value_rungs.py)
 
     @property
     def state(self):
@@ -89,9 +91,11 @@ class HoleMatcher:
                 sparse, safe = here[4], here[5]  # asked where the last ask was (in a string): its answer
             else:
                 _, sparse, safe = self.tables.value_entry(value, self.hole)
-                if sparse is not None and safe is not None:  # a first ask's None may turn into a list later
+                if safe is None:  # deeper than EXIT_DEPTH the entry serves every depth: this depth's safe budget
+                    safe = self._deep_safe()
+                if sparse is not None:  # a first ask's None may turn into a list later
                     self._here = (value, value._q, value._frame, self.hole, sparse, safe)
-            if budget is not None and (budget < safe if safe is not None else self.narrows(budget)):
+            if budget is not None and budget < safe:  # as narrows(budget)
                 return self._narrowed(budget)
             return sparse
         if self.unit._terminated:
@@ -110,14 +114,45 @@ class HoleMatcher:
                 self._here = (None, -1, None, state, sparse, safe)
         return sparse
 
+    def _deep_safe(self) -> int:
+        """narrows()'s least budget deeper than EXIT_DEPTH, where no token leaves: the unit's rest after the
+        value and the value's room, at least 1 and its own safe budget."""
+        value = self.value
+        rest = self.grammar.min_tokens(self.tables.hole_after(self.hole))
+        return rest + max(1, self.tables.automaton.safe_budget(value._q, value._frame))
+
     def _narrowed(self, budget: int) -> SparseMask | None:
-        """The mask _fill_budget makes here, memoised per (state, budget) as a SparseMask from its
-        second ask on (HoleTables.narrowed, a SecondAsk; from the first where made from id lists)."""
+        """The mask _fill_budget makes here. Inside a value, memoised per rung (rung_mask). Elsewhere, and
+        where no id list can be made, memoised per (state, budget) as a SparseMask from its second ask
+        on (HoleTables.narrowed, a SecondAsk; from the first where made from id lists)."""
+        masks = step = None
+        if self.value is not None:
+            sparse, masks, step = self.rung_mask(budget)
+            if sparse is not None:
+                self.budget_forced = True
+                return sparse
         deep = self.value is not None and len(self.value.state[1]) > EXIT_DEPTH
         key = self._deep_key(budget) if deep else (self.state, budget)
-        sparse = self.tables.narrowed.get(key, lambda: self._budget_row(budget), lambda: budget_ids(self, budget))
-        self.budget_forced |= sparse is not None
+        direct = None if masks is not None else lambda: budget_ids(self, budget)  # asked above inside a value
+        sparse = self.tables.narrowed.get(key, lambda: self._budget_row(budget), direct)
+        if sparse is not None:
+            self.budget_forced = True
+            if masks is not None:
+                sparse = masks.setdefault(step, sparse)
         return sparse
+
+    def rung_mask(self, budget: int) -> tuple[SparseMask | None, dict, tuple[int, int]]:
+        """Inside a value: the narrowed mask of ``budget``'s rung (grammars/value_rungs.py), made from id
+        lists on the rung's first ask (None where it cannot be), the rungs' masks and the rung. The
+        position is kept from the last ask (``_rungs``): inside a string the next ask is made there."""
+        here, value = self._rungs, self.value
+        if here[0] is not value or here[1] != value._q or here[2] is not value._frame or here[3] != self.hole:
+            here = self._rungs = position(self)
+        masks, step = here[8], rung(here, budget)
+        sparse = masks.get(step) or rung_ids(self, here, budget)
+        if sparse is not None:
+            sparse = masks.setdefault(step, sparse)  # one made meanwhile by another request is the one kept
+        return sparse, masks, step
 
     def _deep_key(self, budget: int) -> tuple:
         """_narrowed's key deeper than EXIT_DEPTH, whatever the depth (SmolLM2 nests 4-18 deep): no token leaves,

@@ -102,11 +102,21 @@ class JsonValueAutomaton:
         self._words: dict[tuple[int, int], np.ndarray] = {}  # (q, alt) -> uint32 [width]
         self._entries: dict[tuple, Entry] = {}
         self._costs: dict[tuple, tuple[int, tuple[int, ...], int]] = {}  # -> (cur - base, deltas per chunk, far)
+        self._cuts: dict[tuple, tuple[int, tuple[int, ...]]] = {}  # the same keys -> (cur - base, distinct deltas)
         self._budget_rows: dict[tuple, torch.Tensor] = {}
         self._budget_sparse = SecondAsk(self.size)  # budget_rows' keys -> their SparseMasks
         self._kept: dict[tuple, SparseMask | None] = {}  # (entry id, chunks kept) -> _budget_ids' mask
+        self._shared: dict[tuple, object] = {}  # what every grammar's free values read alike: kept()
         with torch.inference_mode(False):
             self.nothing_allowed = SparseMask(True, torch.empty(0, dtype=torch.int64), self.size)
+
+    def kept(self, key: tuple, make):
+        """The entry at ``key`` of a memo shared by every grammar's free values (grammars/hole_ids.py,
+        grammars/value_rungs.py: masks that read nothing of a unit), made by ``make()`` on its first ask
+        (one made meanwhile by another thread is the one kept and read)."""
+        if key not in self._shared:
+            self._shared.setdefault(key, make())
+        return self._shared[key]
 
     def initial(self, top: str = "object") -> tuple[int, Frame]:
         """The initial (q, frame): ``top`` "object" (one JSON object) or "value" (any JSON value)."""
@@ -251,6 +261,17 @@ class JsonValueAutomaton:
         key += (slack,)
         return self._budget_sparse.get(key, lambda: self._budget_row(key, q, frame),
                                        lambda: self._budget_ids(q, frame, slack))
+
+    def budget_cuts(self, q: int, frame: Frame) -> tuple[int, tuple[int, ...], tuple]:
+        """(min_tokens(q, frame); the distinct costs its allowed chunks add, ascending; the key of those
+        costs): budget_sparse's mask at a budget depends on it only through how many of these costs
+        the slack (``_slack``) reaches, all of them from safe_budget on."""
+        key = self._costs_key(q, frame)
+        got = self._cuts.get(key)
+        if got is None:
+            rel, deltas, _ = self._costs_of(q, frame)
+            got = self._cuts.setdefault(key, (rel, tuple(sorted(set(deltas)))))
+        return frame.base + got[0], got[1], key
 
     def budget_key(self, q: int, frame: Frame, budget: int) -> tuple | None:
         """The key budget_row(q, frame, budget) is memoised under (what it reads of the stack), or None

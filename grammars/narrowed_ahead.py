@@ -57,7 +57,10 @@ def warm_narrowed(grammar, tables, most: int | None = None, pause=lambda: None) 
             safe = tables.value_entry(probe.value, probe.hole)[2] or 0
         least = max(1, probe.min_tokens())  # the engine never leaves fewer: a call opens only where it can close
         for budget in range(least, min(safe, least + left)):
-            tables.narrowed.put((probe.state, budget), lambda: budget_ids(probe, budget))
+            if probe.value is not None:  # a value's narrowed masks are kept per rung
+                probe.rung_mask(budget)
+            else:
+                tables.narrowed.put((probe.state, budget), lambda: budget_ids(probe, budget))
         left -= max(0, safe - least)
         if left <= 0:
             break

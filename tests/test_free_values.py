@@ -157,7 +157,8 @@ def test_masks_inside_a_value_nested_deeper_than_a_token_can_leave_are_memoised(
 
 def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
     """sparse_mask(budget) reads one memoised threshold per state where it asked narrows() (several
-    lookups) before: inside a value (HoleTables.value_entry) and in a unit (BudgetTable.safe_budget).
+    lookups) before: inside a value (HoleTables.value_entry; deeper than a token can leave, HoleMatcher's
+    _deep_safe) and in a unit (BudgetTable.safe_budget).
     At every step of a text through values and units, for every budget, the two agree; and the
     thresholds narrows() reads agree with whether the narrowed row exists (the automaton's
     budget_row, the unit's _budget_mask), which narrows() no longer makes; in a unit, narrows() says
@@ -168,9 +169,12 @@ def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
     for token in smollm2_tokenizer().encode(text, add_special_tokens=False):
         if matcher.value is not None:
             safe = matcher.tables.value_entry(matcher.value, matcher.hole)[2]
-            if safe is not None:
+            if safe is None:  # past EXIT_DEPTH the entry serves every depth: HoleMatcher works this depth's out
+                checked.add("deep")
+                safe = matcher._deep_safe()
+            else:
                 checked.add("value")
-                assert [b < safe for b in range(-2, 90)] == [matcher.narrows(b) for b in range(-2, 90)]
+            assert [b < safe for b in range(-2, 90)] == [matcher.narrows(b) for b in range(-2, 90)]
             value, automaton = matcher.value, matcher.tables.automaton
             own = automaton.safe_budget(value._q, value._frame)
             assert [b < own for b in range(-2, 90)] == [
@@ -184,7 +188,7 @@ def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
             checked.add("near a hole" if near else "unit")
             assert [_narrows_by_parts(matcher, b) for b in range(-2, 90)] == [matcher.narrows(b) for b in range(-2, 90)]
         matcher.advance(token)
-    assert checked == {"value", "unit", "near a hole"}
+    assert checked == {"value", "deep", "unit", "near a hole"}
 
 
 def _narrows_by_parts(matcher, budget: int) -> bool:

@@ -114,6 +114,75 @@ def test_narrowed_sparse_masks_allow_what_the_budget_fill_allows(case):
         assert any(key[0] == "budget" for key in _UNION_CACHE)  # narrowed while two units were live
 
 
+@pytest.mark.parametrize("text", [ARGUMENTS, DEEP])
+def test_a_values_narrowed_masks_are_kept_per_rung_and_are_the_fills(text, monkeypatch):
+    """Inside a value a budget narrows the mask through two cuts only, its rung (grammars/value_rungs.py).
+    Asked as the engine asks, one less a step, each mask is what fill(row, budget) allows, and every
+    budget of one rung reads the one mask kept for it; a later request, asking in another order, reads
+    the masks the first one made, and makes none."""
+    import grammars.hole_matcher as hole_matcher
+    from grammars.value_rungs import position, rung
+
+    grammar = shared_compiler().compile_json_schema(SCHEMA)
+    tokens = smollm2_tokenizer().encode(text, add_special_tokens=False)
+    size = smollm2_vocabulary().size
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+
+    def walk(budgets) -> dict:
+        matcher, made = grammar.matcher(), {}
+        for at, token in enumerate(tokens):
+            kept: dict = {}
+            for budget in budgets:
+                if matcher.value is None or not matcher.narrows(budget):
+                    continue
+                mask = first = matcher.sparse_mask(budget)
+                mask = matcher.sparse_mask(budget) if mask is None else mask  # a row's list from the second ask on
+                if mask is not None:
+                    _assert_is_the_fill(mask, matcher, budget, row, text)
+                    assert kept.setdefault(rung(position(matcher), budget), mask) is mask, budget
+                made[at, budget] = first
+            matcher.advance(token)
+        return made
+
+    first = walk(range(39, 0, -1))
+    from_ids = {at: mask for at, mask in first.items() if mask is not None}
+    assert len(from_ids) >= 20 and len(set(map(id, from_ids.values()))) < len(from_ids)  # rungs shared by budgets
+    calls = []
+    monkeypatch.setattr(hole_matcher, "budget_ids", lambda *args: calls.append(args) or None)
+    again = walk(range(1, 40))
+    assert all(again[at] is mask for at, mask in from_ids.items()) and len(calls) <= len(first) - len(from_ids)
+
+
+def test_a_values_masks_that_read_nothing_of_its_unit_are_shared_by_every_grammar():
+    """Deeper than a token can leave a value, its narrowed mask reads nothing of the unit but whether the
+    unit may end after it (grammars/value_rungs.py): another grammar's request, through the same text,
+    reads the masks the first grammar's request made (each the fill there), kept by the automaton."""
+    from grammars.value_exits import EXIT_DEPTH
+
+    compiler = shared_compiler()
+    other = dict(SCHEMA, properties=dict(SCHEMA["properties"], note={"type": "boolean"}))  # another unit
+    tokens = smollm2_tokenizer().encode(DEEP, add_special_tokens=False)
+    size = smollm2_vocabulary().size
+    row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+
+    def walk(schema) -> dict:
+        matcher, made = compiler.compile_json_schema(schema).matcher(), {}
+        for at, token in enumerate(tokens):
+            deep = matcher.value is not None and matcher.value._frame.depth > EXIT_DEPTH
+            for budget in range(30, 0, -1):
+                if deep and matcher.narrows(budget):
+                    mask = matcher.sparse_mask(budget)
+                    if mask is not None:
+                        _assert_is_the_fill(mask, matcher, budget, row, schema)
+                    made[at, budget] = mask
+            matcher.advance(token)
+        return made
+
+    first, again = walk(SCHEMA), walk(other)
+    shared = [at for at, mask in first.items() if mask is not None]
+    assert len(shared) >= 20 and all(again[at] is first[at] for at in shared)
+
+
 @pytest.mark.parametrize("case", range(6))
 def test_the_last_asks_kept_by_the_matchers_follow_detours_and_rollbacks(case):
     """Matcher, JsonValueMatcher and HoleMatcher keep the last state's safe budget and whole mask
@@ -158,15 +227,16 @@ def test_the_last_asks_kept_by_the_matchers_follow_detours_and_rollbacks(case):
     assert detours >= 3, name
 
 
-def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
+def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills(monkeypatch):
     """grammars/narrowed_ahead.py warm_narrowed makes the narrowed id lists of a grammar's unit states
-    and of the value states whose whole masks are made ahead, at every budget that narrows them (up to
-    a bound). Each is what fill(row, budget) allows there, and the first ask of a request there reads
-    it."""
+    and of the value states whose whole masks are made ahead (those per rung: grammars/value_rungs.py),
+    at every budget that narrows them (up to a bound). Each is what fill(row, budget) allows there, and
+    the first ask of a request there reads it."""
+    import grammars.hole_matcher as hole_matcher
     from grammars.compiled_grammar import CompiledGrammar
     from grammars.hole_matcher import HoleMatcher
+    from grammars.hole_tables import _ENDINGS, _STACKS, HoleTables, value_at
     from grammars.narrowed_ahead import warm_narrowed
-    from grammars.hole_tables import HoleTables, value_at
 
     compiled = shared_compiler().compile_json_schema(SCHEMA)
     grammar = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key, compiled.budget)
@@ -178,22 +248,37 @@ def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills():
     made = dict(tables.narrowed._memo)
     size = smollm2_vocabulary().size
     row = torch.zeros((size + 31) // 32, dtype=torch.int32)
+
+    def is_the_fill(mask, matcher, budget):
+        matcher.fill(row, budget)
+        expected = sparse_mask(row, size)
+        assert expected is not None and mask.allowed == expected.allowed, (matcher.state, budget)
+        assert np.array_equal(mask.array, expected.array), (matcher.state, budget)
+
     kinds = set()
     for (state, budget), mask in made.items():
         unit_state, value_state, hole = state
+        assert value_state is None  # a value's are kept per rung
         matcher = HoleMatcher(grammar, tables)
         matcher.unit.place(unit_state)
-        if value_state is not None:
-            matcher.value, matcher.hole = value_at(tables, *value_state), hole
         assert matcher.state == state
-        kinds.add("value" if value_state is not None else "hole" if tables.is_hole(unit_state)
-                  else "near" if tables.near_hole(unit_state) else "unit")
+        kinds.add("hole" if tables.is_hole(unit_state) else "near" if tables.near_hole(unit_state) else "unit")
         assert matcher.sparse_mask(budget) is mask  # the first ask reads it
-        matcher.fill(row, budget)
-        expected = sparse_mask(row, size)
-        assert expected is not None and mask.allowed == expected.allowed, (state, budget)
-        assert np.array_equal(mask.array, expected.array), (state, budget)
-    assert kinds == {"value", "hole", "near", "unit"} and len(made) > 200
+        is_the_fill(mask, matcher, budget)
+    assert kinds == {"hole", "near", "unit"} and len(made) > 100
+    monkeypatch.setattr(hole_matcher, "rung_ids", lambda *args: None)  # a request's ask makes no list
+    values = 0
+    for hole in sorted(tables._holes):
+        for place in [(q, stack) for q in _ENDINGS for stack in _STACKS]:
+            matcher = HoleMatcher(grammar, tables)
+            matcher.unit.place(hole)
+            matcher.value, matcher.hole = value_at(tables, *place), hole
+            for budget in range(max(1, matcher.min_tokens()), tables.value_entry(matcher.value, hole)[2]):
+                mask = matcher.sparse_mask(budget)
+                if mask is not None:
+                    values += 1
+                    is_the_fill(mask, matcher, budget)
+    assert values > 400
     bounded = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key, compiled.budget)
     bounded._holes.append(HoleTables(bounded, tables.automaton))
     bounded._holes[0].prepare()
