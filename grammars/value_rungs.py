@@ -36,7 +36,7 @@ def position(m) -> tuple:
     the unit needs after the value, the value's own fewest, the automaton's cuts, the leaving tokens'
     fits (hole_crossings.fit), the rungs' masks {rung: SparseMask}, whether the unit may end after the
     value). All but the first four memoised per position in the grammar's HoleTables, and the masks
-    shared through them: a new position is one lookup (its parts cost 15-50 µs cache-cold)."""
+    shared through them: a position met before is one lookup (its parts cost 15-50 µs cache-cold)."""
     tables, value, hole = m.tables, m.value, m.hole
     q, frame = value._q, value._frame
     if frame.depth > EXIT_DEPTH:  # no token leaves; the record is this depth's, the masks shared by every depth
@@ -78,7 +78,7 @@ def rung(here: tuple, budget: int) -> tuple[int, int]:
 def rung_ids(m, here: tuple, budget: int) -> SparseMask | None:
     """The mask of ``budget``'s rung made from id lists (grammars/hole_ids.py budget_ids, from what
     ``here`` holds), or None where it cannot be."""
-    value, q, frame, _, rest, _, _, fits, _, final = here
+    _, q, frame, _, rest, _, _, fits, _, final = here
     room = budget - rest
     own = m.tables.automaton.sparse_at(q, frame, room) if room >= 1 else None
     return value_ids(m, room, own, fit(fits, budget - 1), final)
