@@ -110,7 +110,7 @@ def leaving_fits(tables, value_state, hole: int) -> tuple:
     fits = tables._memo.get(("fits", "leave", value_state, hole))
     if fits is None:
         tables.leaving(value_state, hole)
-        fits = tables._memo.get(("fits", "leave", value_state, hole), _NO_FITS)
+        fits = tables._memo.get(("fits", "leave", value_state, hole), NO_FITS)
     return fits
 
 
@@ -134,4 +134,4 @@ def fit(fits: tuple, limit: int) -> np.ndarray:
     return got
 
 
-_NO_FITS = ([], NO_TOKENS, {})
+NO_FITS = ([], NO_TOKENS, {})  # no leaving tokens: fit() keeps none (read only: its slices dict is never added to)

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from grammars.hole_crossings import fit, leaving_fits
+from grammars.hole_crossings import NO_FITS, fit, leaving_fits
 from grammars.hole_ids import value_ids
 from grammars.sparse_mask import SparseMask
 from grammars.value_exits import EXIT_DEPTH
 
-_NO_FITS = ((), (), {})
-NO_POSITION = (None, -1, None, -1, 0, 0, (), _NO_FITS, None, False)
+NO_POSITION = (None, -1, None, -1, 0, 0, (), NO_FITS, None, False)
 
 
 def position(m) -> tuple:
@@ -63,7 +62,7 @@ def _deep(m, q: int, frame, hole: int) -> tuple:
     final = m.grammar.is_final(after)
     cur, cuts, costs_key = automaton.budget_cuts(q, frame)
     masks = automaton.kept(("rungs-deep", costs_key, id(automaton.entry(q, frame)), final), dict)  # every grammar's
-    return m.grammar.min_tokens(after), cur, cuts, _NO_FITS, masks, final
+    return m.grammar.min_tokens(after), cur, cuts, NO_FITS, masks, final
 
 
 def rung(here: tuple, budget: int) -> tuple[int, int]:
