@@ -260,12 +260,16 @@ class HoleTables:
             for part in entry if isinstance(entry, tuple) else (entry,):
                 if isinstance(part, torch.Tensor):
                     total += part.numel() * 4
-                elif isinstance(part, SparseMask) and id(part) not in counted:
+                elif id(part) in counted:  # shared by several entries (a value state's leaving lists: leaving)
+                    continue
+                elif isinstance(part, SparseMask):
                     counted.add(id(part))
                     total += part.array.nbytes
                 elif isinstance(part, np.ndarray):
+                    counted.add(id(part))
                     total += part.nbytes
                 elif isinstance(part, list):
+                    counted.add(id(part))
                     total += 8 * len(part)
         return total
 
