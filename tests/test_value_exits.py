@@ -76,6 +76,31 @@ def test_leaving_tokens_are_those_each_walked_alone_finds(schema):
     assert leaving > 10 if SCHEMAS[schema] else leaving == 0  # {}: nothing follows the value
 
 
+def test_value_states_with_the_same_exits_share_one_walk():
+    """Value states whose exits are the same tokens share one list object (ValueExits.exits), and their
+    leaving entries are that list's one walk in the unit (hole_crossings.leaving): the same objects, held
+    once in the grammar's memory count. (Each is checked against a walk of its own token by token above.)"""
+    from grammars.hole_tables import HoleTables
+
+    grammar = shared_compiler().compile_regex(schema_to_regex(SCHEMAS[0], free_values=True))
+    tables = HoleTables(grammar, grammar.hole_tables().automaton)  # a fresh memo
+    tables.prepare()
+    exits, hole = tables.exits, min(tables._holes)
+    states = [(q, stack) for stack in STACKS for q in range(NUM_STATES)]
+    groups: dict[int, list] = {}
+    for state in states:
+        groups.setdefault(id(exits.exits(*state)), []).append(state)
+    assert len({exits.exits(*state) for state in states}) == len(groups)  # equal lists: one object
+    shared = [group for group in groups.values() if len(group) > 1]
+    assert len(shared) >= 3 and len(groups) < len(states) / 2
+    for group in shared:
+        first, costs = tables.leaving(group[0], hole), tables.leaving_costs(group[0], hole)
+        held = tables.held_bytes()
+        for state in group[1:]:
+            assert tables.leaving(state, hole) is first and tables.leaving_costs(state, hole) is costs
+        assert tables.held_bytes() == held
+
+
 def by_run(tables, state) -> dict[int, int]:
     """Every token that may enter a value from unit ``state``, walked by run(): token -> least after it."""
     view = bytes_view(smollm2_vocabulary())
