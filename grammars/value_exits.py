@@ -51,9 +51,10 @@ class ValueExits:
 
     def exits(self, q: int, stack: tuple[int, ...]) -> Rests:
         """The tokens that may leave a value from state (q, stack) (stack at most EXIT_DEPTH deep) and
-        whose value part ends inside them, with the bytes after its end. States with the same tokens
-        share one list object (SmolLM2's free_form and tools requests walked 9 distinct lists at 646 value
-        states), so that what a unit makes of a list is memoised per list (hole_crossings.leaving)."""
+        whose value part ends inside them, with the bytes after its end. States whose lists are equal
+        share one list object, so that what a unit makes of a list is memoised per list
+        (hole_crossings.leaving): over mask_bench's free_form and tools requests (SmolLM2) the unit walks
+        of leaving lists fell from 659 to 130."""
         key = (q, stack)
         got = self._memo.get(key)
         if got is None:
