@@ -60,20 +60,19 @@ def leaving(tables, value_state, hole: int) -> tuple[list[int], int]:
     walk in the unit after the value. Memoised with their costs (HoleTables.leaving_costs)."""
     if len(value_state[1]) > EXIT_DEPTH:
         return [], 0
-    key = ("leave", value_state, hole)
-    if key not in tables._memo:
+    memo, key = tables._memo, ("leave", value_state, hole)
+    if key not in memo:
         # what the unit makes of a list depends on the list and the hole alone: walked once per list
         # (ValueExits.exits shares one object among the states with the same tokens; it holds every list)
         rests = tables.exits.exits(*value_state)
-        shared = ("leave", id(rests), hole)
-        if shared not in tables._memo:
-            walked = walk(tables, tables.hole_after(hole), rests, whole=True)
-            _keep(tables, shared, ("leave-costs", id(rests), hole), walked)
-        memo = tables._memo  # this state's keys read the list's entries; the others first, as in _keep
+        shared, costs = ("leave", id(rests), hole), ("leave-costs", id(rests), hole)
+        if shared not in memo:
+            _keep(tables, shared, costs, walk(tables, tables.hole_after(hole), rests, whole=True))
+        # this state's keys read the list's entries; the others first, as in _keep
         memo[("fits",) + key] = memo[("fits",) + shared]
-        memo[("leave-costs", value_state, hole)] = memo[("leave-costs", id(rests), hole)]
+        memo[("leave-costs", value_state, hole)] = memo[costs]
         memo[key] = memo[shared]
-    return tables._memo[key]
+    return memo[key]
 
 
 def least(tables, end) -> int:
