@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.host_logits import host_rows
+from engine.host_logits import HostRows, host_rows
 from engine.sampling import Narrowed
 from engine.sequence import Sequence
 from grammars.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
                               fill_next_token_bitmasks)
-from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, pick_routine, rows_routine
+from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, pick_routine, rows_routine, take_routine
 
 
 class ConstraintMasker:
@@ -46,6 +46,8 @@ class ConstraintMasker:
         self._host = False  # whether the logits were on the CPU (the id lists are only used there)
         self._rows = rows_routine()  # the C picks (compiled on first use, ~1 s) load with the engine, not at its first step
         self._rows or pick_routine()
+        self._take = take_routine()  # the call's loop in C where every row was looked up ahead
+        self._picker: tuple = (None, None)  # (HostRows, the Narrowed.picker over them): the last step's
 
     def _device_mask(self, device: torch.device) -> torch.Tensor:
         if device.type == "cpu":
@@ -61,6 +63,10 @@ class ConstraintMasker:
         (Narrowed.picker) where the extension is built."""
         narrowed = Narrowed()
         host = host_rows(logits)  # the engine's own rows (engine/host_logits.py): read without torch
+        if host is not None and self._take is not None and self._take(seqs, narrowed):
+            self._host = True
+            narrowed.picker = self._host_picker(host) if narrowed else None
+            return narrowed
         if host is None:
             cpu = self._host = logits.is_cpu  # torch's attribute reads cost 2-5 µs each here: each asked once
             pickable = cpu and logits.dtype == torch.float32
@@ -86,7 +92,7 @@ class ConstraintMasker:
         picker = None
         if narrowed and self._rows is not None:  # float32 on the CPU: checked above
             if host is not None:
-                picker = (self._rows, host.address, host.stride, host.shape)
+                picker = self._host_picker(host)
             else:
                 step, unit = logits.stride()
                 if unit == 1:
@@ -101,6 +107,13 @@ class ConstraintMasker:
         if not (cpu and apply_token_bitmask_cpu(logits, self.bitmask, rows)):
             apply_token_bitmask_inplace(logits, self._device_mask(logits.device), rows=rows)
         return narrowed
+
+    def _host_picker(self, host: HostRows) -> tuple:
+        """The Narrowed.picker over the engine's rows ``host``: made once per rows (a batch size keeps
+        its rows from step to step), not from their three fields each step."""
+        if self._picker[0] is not host:
+            self._picker = (host, (self._rows, host.address, host.stride, host.shape))
+        return self._picker[1]
 
     def ahead(self, seq: Sequence) -> None:
         """Looks up the SparseMask of seq's next token (its constraint as it stands now, its

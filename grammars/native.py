@@ -79,9 +79,9 @@ EXTENSION_SOURCES = [os.path.join(_HERE, name)
 
 
 def extension():
-    """maskd's CPython extension (grammars/_fast_calls.c: ``pick_rows``, ``merged``, ``bits``, ``address``),
-    built against Python's and numpy's headers and loaded once; or None where Python's headers are
-    missing or it cannot be built (callers use the ctypes routines)."""
+    """maskd's CPython extension (grammars/_fast_calls.c: ``pick_rows``, ``take_ahead``, ``merged``,
+    ``bits``, ``address``), built against Python's and numpy's headers and loaded once; or None where
+    Python's headers are missing or it cannot be built (callers use the ctypes routines)."""
     if not _EXTENSION:
         _EXTENSION.append(_load_extension())
     return _EXTENSION[0]

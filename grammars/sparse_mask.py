@@ -238,6 +238,14 @@ def rows_routine():
 
 
 @functools.cache
+def take_routine():
+    """The extension's ``take_ahead`` (grammars/_fast_calls.c: engine/constraint_hook.py's call over rows
+    whose masks were all looked up ahead, in one call) where it is built, else None. Looked up once."""
+    fast = native.extension()
+    return None if fast is None else fast.take_ahead
+
+
+@functools.cache
 def pick_routine():
     """The C greedy pick under one SparseMask (grammars/_mask_row.c pick_f32) through ctypes (2-2.5 µs a
     call): settle()'s per-row pick where the extension (rows_routine) is not built; or None without the

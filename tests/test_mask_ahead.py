@@ -3,15 +3,17 @@ call after the next forward pass (engine/constraint_hook.py)."""
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from engine.constraint_hook import ConstraintMasker
 from engine.engine import Engine
-from engine.sampling import SamplingParams
+from engine.sampling import Narrowed, SamplingParams
 from engine.sequence import Request
 from engine_fixtures import VOCAB, prompt, tiny_model  # noqa: F401 (fixtures)
+from grammars.sparse_mask import take_routine
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
                                            "units": {"enum": ["metric", "imperial"]}, "meta": {"type": "object"}},
@@ -24,7 +26,14 @@ class Counting(ConstraintMasker):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.masked = self.taken = 0
+        self.masked = self.taken = self.in_c = 0  # in_c: calls whose rows the C loop took (take_ahead)
+        take = self._take
+        if take is not None:
+            def counted(seqs, narrowed):
+                whole = take(seqs, narrowed)
+                self.in_c += whole
+                return whole
+            self._take = counted
 
     def __call__(self, logits, seqs):
         before = [s for s in seqs if s.constraint is not None and s.mask_ahead is not None]
@@ -88,6 +97,39 @@ def test_masks_looked_up_ahead_give_the_tokens_of_masks_looked_up_after_the_pass
         text = "".join(e.text for e in events)
         assert events[-1].finish_reason == "stop" and set(json.loads(text)) == set(SCHEMA["required"])
     assert counting.masked > 3 * len(BUDGETS) and counting.taken == counting.masked - len(BUDGETS)
+    assert counting._take is None or counting.in_c > 0
+
+
+def seq_ahead(constraint, outputs: int, tokens_left: int, mask, pick=True) -> SimpleNamespace:
+    """A row as ConstraintMasker reads it, its mask looked up ahead."""
+    return SimpleNamespace(constraint=constraint, output_ids=[0] * outputs, tokens_left=tokens_left,
+                           mask_ahead=(constraint, outputs, tokens_left, mask, pick))
+
+
+@pytest.mark.skipif(take_routine() is None, reason="the C extension is not built here")
+def test_the_c_loop_takes_the_rows_only_where_every_ahead_holds():
+    """take_ahead (grammars/_fast_calls.c) takes the call's rows where each constrained row's ahead
+    holds for its constraint, outputs and budget as they stand and may be picked as it is; else it
+    takes none, and leaves every row's ahead for the Python loop."""
+    take, masks, constraint = take_routine(), [object() for _ in range(3)], object()
+    rows = [seq_ahead(constraint, 4, 9, masks[0]), SimpleNamespace(constraint=None),
+            seq_ahead(object(), 0, 30, masks[2])]
+    narrowed = Narrowed()
+    assert take(rows, narrowed) is True and narrowed == {0: masks[0], 2: masks[2]}
+    assert rows[0].mask_ahead is None and rows[2].mask_ahead is None
+    stale = [lambda s: setattr(s, "tokens_left", 8), lambda s: s.output_ids.append(1),
+             lambda s: setattr(s, "constraint", object()), lambda s: setattr(s, "mask_ahead", None),
+             lambda s: setattr(s, "mask_ahead", s.mask_ahead[:3] + (None, False)),
+             lambda s: setattr(s, "mask_ahead", s.mask_ahead[:4] + (False,))]
+    for change in stale:
+        rows = [seq_ahead(constraint, 4, 9, masks[0]), seq_ahead(constraint, 2, 7, masks[1])]
+        change(rows[1])
+        before = [row.mask_ahead for row in rows]
+        narrowed = Narrowed()
+        assert take(rows, narrowed) is False and narrowed == {}
+        assert [row.mask_ahead for row in rows] == before
+    with pytest.raises(AttributeError):
+        take([SimpleNamespace(constraint=constraint)], Narrowed())
 
 
 class BreaksAfterTwo:
