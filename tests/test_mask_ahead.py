@@ -29,10 +29,10 @@ class Counting(ConstraintMasker):
         self.masked = self.taken = self.in_c = 0  # in_c: calls whose rows the C loop took (take_ahead)
         take = self._take
         if take is not None:
-            def counted(seqs, narrowed):
-                whole = take(seqs, narrowed)
-                self.in_c += whole
-                return whole
+            def counted(seqs, kind, picker):
+                narrowed = take(seqs, kind, picker)
+                self.in_c += narrowed is not None
+                return narrowed
             self._take = counted
 
     def __call__(self, logits, seqs):
@@ -108,15 +108,17 @@ def seq_ahead(constraint, outputs: int, tokens_left: int, mask, pick=True) -> Si
 
 @pytest.mark.skipif(take_routine() is None, reason="the C extension is not built here")
 def test_the_c_loop_takes_the_rows_only_where_every_ahead_holds():
-    """take_ahead (grammars/_fast_calls.c) takes the call's rows where each constrained row's ahead
-    holds for its constraint, outputs and budget as they stand and may be picked as it is; else it
-    takes none, and leaves every row's ahead for the Python loop."""
-    take, masks, constraint = take_routine(), [object() for _ in range(3)], object()
+    """take_ahead (grammars/_fast_calls.c) takes the call's rows into a Narrowed, with the picker, where
+    each constrained row's ahead holds for its constraint, outputs and budget as they stand and may be
+    picked as it is; else it takes none (None), and leaves every row's ahead for the Python loop."""
+    take, masks, constraint, picker = take_routine(), [object() for _ in range(3)], object(), object()
     rows = [seq_ahead(constraint, 4, 9, masks[0]), SimpleNamespace(constraint=None),
             seq_ahead(object(), 0, 30, masks[2])]
-    narrowed = Narrowed()
-    assert take(rows, narrowed) is True and narrowed == {0: masks[0], 2: masks[2]}
+    narrowed = take(rows, Narrowed, picker)
+    assert type(narrowed) is Narrowed and narrowed == {0: masks[0], 2: masks[2]} and narrowed.picker is picker
     assert rows[0].mask_ahead is None and rows[2].mask_ahead is None
+    narrowed = take([SimpleNamespace(constraint=None)], Narrowed, picker)
+    assert narrowed == {} and narrowed.picker is None  # no row to pick: no picker, as the Python loop
     stale = [lambda s: setattr(s, "tokens_left", 8), lambda s: s.output_ids.append(1),
              lambda s: setattr(s, "constraint", object()), lambda s: setattr(s, "mask_ahead", None),
              lambda s: setattr(s, "mask_ahead", s.mask_ahead[:3] + (None, False)),
@@ -125,11 +127,10 @@ def test_the_c_loop_takes_the_rows_only_where_every_ahead_holds():
         rows = [seq_ahead(constraint, 4, 9, masks[0]), seq_ahead(constraint, 2, 7, masks[1])]
         change(rows[1])
         before = [row.mask_ahead for row in rows]
-        narrowed = Narrowed()
-        assert take(rows, narrowed) is False and narrowed == {}
+        assert take(rows, Narrowed, picker) is None
         assert [row.mask_ahead for row in rows] == before
     with pytest.raises(AttributeError):
-        take([SimpleNamespace(constraint=constraint)], Narrowed())
+        take([SimpleNamespace(constraint=constraint)], Narrowed, picker)
 
 
 class BreaksAfterTwo:
