@@ -56,28 +56,13 @@ def _record(m, q: int, frame, hole: int) -> tuple:
 def _deep(m, q: int, frame, hole: int) -> tuple:
     """position()'s record past EXIT_DEPTH: the masks keyed as HoleMatcher._deep_key keys them (what the
     automaton's mask reads, whatever the depth and the grammar: shared by every grammar through the
-    automaton), the rest read from two memos: the hole's (the unit's fewest after it, whether it may end
-    there) and the automaton's, keyed by what its parts read of the stack (the frame's top, distance
-    profiles, depth and base; a frame is made per push, so not the frame itself). Worked out at each
-    new (q, frame) this took 25-30 µs with the caches cold after a forward pass: a deep value moves to a
-    new one at most steps."""
+    automaton), the rest worked out here."""
     tables, automaton = m.tables, m.tables.automaton
-    key = ("rungs-hole", hole)
-    rest, final = tables._memo.get(key) or tables.kept(key, lambda: _hole_rest(m, hole))
-    key = ("rungs-deep-at", q, frame.top, frame.pids, frame.depth, frame.base, final)
-    cur, cuts, masks = automaton._shared.get(key) or automaton.kept(key, lambda: _deep_parts(automaton, q, frame, final))
-    return rest, cur, cuts, NO_FITS, masks, final
-
-
-def _hole_rest(m, hole: int) -> tuple[int, bool]:
-    after = m.tables.hole_after(hole)
-    return m.grammar.min_tokens(after), m.grammar.is_final(after)
-
-
-def _deep_parts(automaton, q: int, frame, final: bool) -> tuple:
+    after = tables.hole_after(hole)
+    final = m.grammar.is_final(after)
     cur, cuts, costs_key = automaton.budget_cuts(q, frame)
     masks = automaton.kept(("rungs-deep", costs_key, id(automaton.entry(q, frame)), final), dict)  # every grammar's
-    return cur, cuts, masks
+    return m.grammar.min_tokens(after), cur, cuts, NO_FITS, masks, final
 
 
 def rung(here: tuple, budget: int) -> tuple[int, int]:
