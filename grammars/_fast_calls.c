@@ -147,7 +147,7 @@ static PyObject *pick_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
  * stand. Where all rows pass: a new ``kind`` (engine/sampling.py Narrowed, a dict) of {row: SparseMask},
  * its ``picker`` set to ``picker`` where it holds a row (else None), and each taken row's mask_ahead
  * set to None. Else None, every mask_ahead left as it was (the Python loop decides each row then).
- * In Python the call took 12-13 us at p50 after a forward pass, its caches cold; 10.6-10.9 so. */
+ * In Python the call took 12-13 us at p50 after a forward pass, its caches cold; 10.6-10.9 with this. */
 enum { CONSTRAINT, MASK_AHEAD, OUTPUT_IDS, TOKENS_LEFT, PICKER, SEQ_NAMES };
 static PyObject *seq_names[SEQ_NAMES];  /* "constraint", "mask_ahead", "output_ids", "tokens_left", "picker" */
 
