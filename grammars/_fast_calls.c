@@ -162,7 +162,7 @@ static int took(PyObject *seq, Py_ssize_t row, PyObject *narrowed) {
         return 0;
     }
     if (!(ahead = PyObject_GetAttr(seq, seq_names[MASK_AHEAD]))) {
-        result = -1;
+        result = PyErr_ExceptionMatches(PyExc_AttributeError) ? 2 : -1;  /* none: as getattr(seq, "mask_ahead", None) */
     } else if (PyTuple_Check(ahead) && PyTuple_GET_SIZE(ahead) == 5 && PyTuple_GET_ITEM(ahead, 0) == constraint &&
                PyTuple_GET_ITEM(ahead, 3) != Py_None && PyObject_IsTrue(PyTuple_GET_ITEM(ahead, 4)) == 1) {
         Py_ssize_t outputs = (got = PyObject_GetAttr(seq, seq_names[OUTPUT_IDS])) ? PyObject_Length(got) : -1;

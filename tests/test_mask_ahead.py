@@ -121,16 +121,17 @@ def test_the_c_loop_takes_the_rows_only_where_every_ahead_holds():
     assert narrowed == {} and narrowed.picker is None  # no row to pick: no picker, as the Python loop
     stale = [lambda s: setattr(s, "tokens_left", 8), lambda s: s.output_ids.append(1),
              lambda s: setattr(s, "constraint", object()), lambda s: setattr(s, "mask_ahead", None),
+             lambda s: delattr(s, "mask_ahead"),  # a row that never had one: as the Python loop's getattr default
              lambda s: setattr(s, "mask_ahead", s.mask_ahead[:3] + (None, False)),
              lambda s: setattr(s, "mask_ahead", s.mask_ahead[:4] + (False,))]
     for change in stale:
         rows = [seq_ahead(constraint, 4, 9, masks[0]), seq_ahead(constraint, 2, 7, masks[1])]
         change(rows[1])
-        before = [row.mask_ahead for row in rows]
+        before = [getattr(row, "mask_ahead", None) for row in rows]
         assert take(rows, Narrowed, picker) is None
-        assert [row.mask_ahead for row in rows] == before
-    with pytest.raises(AttributeError):
-        take([SimpleNamespace(constraint=constraint)], Narrowed, picker)
+        assert [getattr(row, "mask_ahead", None) for row in rows] == before
+    with pytest.raises(AttributeError):  # a row without the attributes the check reads
+        take([SimpleNamespace(constraint=constraint, mask_ahead=(constraint, 0, 9, masks[0], True))], Narrowed, picker)
 
 
 class BreaksAfterTwo:
