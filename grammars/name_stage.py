@@ -5,9 +5,9 @@ chooses the tool in the first few tokens of that literal, so a request with many
 wait for all of their units: `NameFirstMatcher` allows exactly the tokens that keep the output a
 prefix of some tool's literal (no compile needed, the literals are text) and, as soon as the units
 of every tool still possible are compiled, replays its tokens into their union
-(grammars/unit_union.py) and hands over. Where the literal of the chosen tool is written out and its
-unit is not compiled yet, `ready()` is False: the engine holds that row (engine/scheduler.py) and
-`prefer` moves that unit's compile ahead of the others'.
+(grammars/unit_union.py) and hands over. Where the chosen tool's literal is written up to where a
+token could reach past its end and its unit is not compiled yet, `ready()` is False: the engine holds
+that row (engine/scheduler.py) and `prefer` moves that unit's compile ahead of the others'.
 
 Budgets stay exact in what they promise: `bounds[k]` is a number of tokens that surely closes the
 unit after k bytes of its literal (a shortest text of its regex, split into the fewest vocabulary
@@ -20,6 +20,7 @@ arguments (`": {"` past the literal's end) wait for the unit; the unit allows th
 from __future__ import annotations
 
 import concurrent.futures
+from bisect import bisect_left
 from collections.abc import Callable
 
 import numpy as np
@@ -44,6 +45,7 @@ class NameStage:
         self.prefer = prefer
         self.pieces = _pieces(vocabulary)
         self.reach = _REACH[vocabulary.fingerprint]
+        self.ordered = _ORDERED[vocabulary.fingerprint]
         self._at: dict[tuple[int, int], tuple] = {}  # (literal, k) -> tokens_at's answer
 
     def tokens_at(self, i: int, k: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -58,6 +60,14 @@ class NameStage:
             got = self._at[(i, k)] = tuple((end, pieces[literal[k:end]]) for end in range(k + 1, last + 1)
                                            if literal[k:end] in pieces)
         return got
+
+    def inside(self, i: int, k: int) -> bool:
+        """Whether no token that may start at byte k of literal i reaches past its end: the rest of
+        the literal is no token's proper prefix. In the sorted token texts, the text right after the
+        rest (or after the rest itself) starts with it if any does."""
+        rest = self.literals[i][k:]
+        at = bisect_left(self.ordered, rest)
+        return bool(rest) and not any(len(p) > len(rest) and p.startswith(rest) for p in self.ordered[at:at + 2])
 
     def most_tokens(self) -> int:
         """Tokens that surely close a block, whichever tool it calls."""
@@ -92,6 +102,7 @@ def name_stage(vocabulary, regexes: list[str], futures: list, prefer: Callable[[
 
 _PIECES: dict[str, dict[bytes, tuple[int, ...]]] = {}
 _REACH: dict[str, dict[bytes, int]] = {}  # two bytes -> the longest token text starting with them, in bytes
+_ORDERED: dict[str, list[bytes]] = {}  # the distinct token texts, sorted (NameStage.inside)
 _TRIES: dict[str, TokenTrie | None] = {}
 
 
@@ -123,6 +134,7 @@ def _pieces(vocabulary) -> dict[bytes, tuple[int, ...]]:
             if len(piece) > reach.get(piece[:2], 0):
                 reach[piece[:2]] = len(piece)
         _REACH[vocabulary.fingerprint] = reach
+        _ORDERED[vocabulary.fingerprint] = sorted(pieces)
         _PIECES[vocabulary.fingerprint] = pieces
     return pieces
 
@@ -162,10 +174,14 @@ class NameFirstMatcher:
 
     # -- handing over ----------------------------------------------------------------------------
     def ready(self) -> bool:
-        """Whether a token may be asked for: the units took over, or a literal goes on."""
+        """Whether a token may be asked for: the units took over, or every live literal goes on and
+        no token from here may reach past its end. Such a token crosses into the arguments (`{"` where
+        the literal ends in `{`): only the unit allows it, so the row waits for the unit there rather
+        than being offered the literal's own shorter split alone (a first request then wrote `{`
+        where the same request with its unit compiled wrote `{"`)."""
         if self._hand_over():
             return True
-        if any(len(self.stage.literals[i]) > self._done for i in self._live):
+        if all(self.stage.inside(i, self._done) for i in self._live):
             return True
         self._prefer()
         return False
