@@ -60,7 +60,7 @@ def test_a_literal_ends_before_a_free_value():
     assert literal.encode().startswith(written) and rest  # it waits where a token may cross into the value
     futures[0].set_result(shared_compiler().compile_regex(free))
     assert m.ready() and hole not in allowed(m) and allowed(m)
-    # the unit allows what the stage could not: tokens that cross the literal's end (`{"` after `:`)
+    # the unit allows what the stage could not: tokens that cross the literal's end (`":"` where `":` is left)
     assert any(vocab.token_bytes[t].startswith(rest) and len(vocab.token_bytes[t]) > len(rest) for t in allowed(m))
 
 
