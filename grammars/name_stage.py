@@ -47,6 +47,7 @@ class NameStage:
         self.reach = _REACH[vocabulary.fingerprint]
         self.ordered = _ORDERED[vocabulary.fingerprint]
         self._at: dict[tuple[int, int], tuple] = {}  # (literal, k) -> tokens_at's answer
+        self._inside: dict[tuple[int, int], bool] = {}  # (literal, k) -> inside's answer
 
     def tokens_at(self, i: int, k: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
         """(end, ids) for each token text that is literal i's bytes [k:end], memoised. Only as far as
@@ -64,10 +65,15 @@ class NameStage:
     def inside(self, i: int, k: int) -> bool:
         """Whether no token that may start at byte k of literal i reaches past its end: the rest of
         the literal is no token's proper prefix. In the sorted token texts, the text right after the
-        rest (or after the rest itself) starts with it if any does."""
-        rest = self.literals[i][k:]
-        at = bisect_left(self.ordered, rest)
-        return bool(rest) and not any(len(p) > len(rest) and p.startswith(rest) for p in self.ordered[at:at + 2])
+        rest (or after the rest itself) starts with it if any does. Memoised: ready() asks it of every
+        live literal at each step of the stage."""
+        got = self._inside.get((i, k))
+        if got is None:
+            rest = self.literals[i][k:]
+            at = bisect_left(self.ordered, rest)
+            got = self._inside[(i, k)] = bool(rest) and not any(
+                len(p) > len(rest) and p.startswith(rest) for p in self.ordered[at:at + 2])
+        return got
 
     def most_tokens(self) -> int:
         """Tokens that surely close a block, whichever tool it calls."""
