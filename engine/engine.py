@@ -17,6 +17,7 @@ from engine.collector import no_collection
 from engine.kv_budget import PromptTooLong, default_kv_budget
 from engine.logprobs import TokenLogprob, forced_logprob, step_logprobs
 from engine.metrics import EngineMetrics
+from engine.omp_team import engine_threads
 from engine.model_runner import ModelRunner
 from engine.penalties import apply_penalties
 from engine.radix_cache import RadixCache
@@ -24,6 +25,7 @@ from engine.sampling import apply_logit_bias, sample
 from engine.scheduler import QueueFull, Scheduler
 from engine.sequence import Event, Request, Sequence
 from engine.slot_cache import KVShape, MaskLayout, SlotCache
+from engine.step_compiler import StepCompiler
 from grammars.sparse_mask import SparseMask
 
 if TYPE_CHECKING:
@@ -43,15 +45,23 @@ class Engine:
     def __init__(self, model, tokenizer, device: torch.device, eos_token_ids: frozenset[int],
                  context_length: int, max_batch: int = 8, logits_hooks: list[LogitsHook] | None = None,
                  prefill_chunk: int = 512, max_waiting: int = 64, prefix_cache_bytes: int = 0,
-                 kv_cache_bytes: int | None = None, forced_extend: bool = True, leader=None):
+                 kv_cache_bytes: int | None = None, forced_extend: bool = True, leader=None,
+                 decode_step: bool = True, compile_step: bool = False, compile_cache: str | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch ({max_batch}) must be >= 1")
         self.tokenizer = tokenizer
         # leader: rank 0 of a tensor-parallel model (engine/tensor_parallel.py), whose runner and
         # slot cache tell the other ranks what to repeat
         self.leader = leader
-        self.runner = ModelRunner(model, device) if leader is None else leader.runner(model, device)
+        # decode_step: passes of one token per row go through engine/decode_step.py; compile_step:
+        # compiled in the background (engine/step_compiler.py), eager until it is ready
+        self.runner = ModelRunner(model, device, decode=decode_step) if leader is None else leader.runner(model, device)
         shape = KVShape.probe(model, device)
+        self.step_compiler = None
+        if compile_step and getattr(self.runner, "decode", None) is not None:
+            self.step_compiler = StepCompiler(self.runner.decode, shape.heads, shape.head_dims, shape.dtype, device,
+                                              compile_cache)
+            self.runner.compiler = self.step_compiler
         if kv_cache_bytes is None:
             kv_cache_bytes = default_kv_budget(device, shape, max_batch, context_length)
         args = (shape, MaskLayout.of(model.config), device, max_batch, context_length, kv_cache_bytes)
@@ -84,6 +94,8 @@ class Engine:
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self._thread = threading.Thread(target=self._loop, name="maskd-engine", daemon=True)
         self._thread.start()
+        if self.step_compiler is not None:
+            self.step_compiler.start()
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -167,6 +179,7 @@ class Engine:
 
     # ---- engine thread ----------------------------------------------------------------------
     def _loop(self) -> None:
+        engine_threads()
         while not self._stopping:
             self._drain_inbox()
             cancelled = any(s.cancelled for s in self._running + list(self._waiting))

@@ -21,6 +21,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from engine.quantized_linear import Int4Linear, Int8Linear
+
+QUANTIZED = (Int8Linear, Int4Linear)
+
 ATTRIBUTE = "host_rows"
 MOST_ROWS = 256  # rows of one pass (the batch, not the prompt tokens); a larger pass is not buffered
 
@@ -57,12 +61,13 @@ class HostLogits:
 
     @classmethod
     def install(cls, model: torch.nn.Module) -> HostLogits | None:
-        """The HostLogits on the model's output head where it is a plain float32 CPU Linear (the
-        one installed already, if any), else None."""
+        """The HostLogits on the model's output head where it is a plain CPU Linear or a quantized
+        one (engine/quantized_linear.py) (the one installed already, if any), else None."""
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if type(head) is not torch.nn.Linear or type(head.weight.data) is not torch.Tensor:
-            return None  # another kind of head, or a sharded weight (engine/tensor_parallel.py)
-        if head.weight.dtype != torch.float32 or head.weight.device.type != "cpu":
+        if type(head) is torch.nn.Linear:
+            if type(head.weight.data) is not torch.Tensor or head.weight.device.type != "cpu":
+                return None  # a sharded weight (engine/tensor_parallel.py)
+        elif type(head) not in QUANTIZED:
             return None
         installed = getattr(head.forward, "__self__", None)
         return installed if isinstance(installed, HostLogits) else cls(head)
@@ -78,18 +83,21 @@ class HostLogits:
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         state = getattr(self._local, "state", None)
-        if state is None or not state.armed or hidden.dim() != 3 or hidden.shape[0] != 1 \
-                or hidden.dtype != torch.float32:
-            return torch.nn.Linear.forward(self.head, hidden)
+        plain = type(self.head).forward  # the head's own forward (Linear's, or a quantized layer's)
+        if state is None or not state.armed or hidden.dim() != 3 or hidden.shape[0] != 1:
+            return plain(self.head, hidden)
         views = state.views.get(hidden.shape[1]) or state.make(hidden.shape[1], self.head.out_features)
         if views is None:
-            return torch.nn.Linear.forward(self.head, hidden)
+            return plain(self.head, hidden)
         out, rows = views
-        weight, bias = self.head.weight, self.head.bias
-        if bias is None:
-            torch.mm(hidden[0], weight.t(), out=rows)
-        else:
-            torch.addmm(bias, hidden[0], weight.t(), out=rows)
+        if type(self.head) is torch.nn.Linear and self.head.weight.dtype == hidden.dtype == torch.float32:
+            weight, bias = self.head.weight, self.head.bias
+            if bias is None:
+                torch.mm(hidden[0], weight.t(), out=rows)
+            else:
+                torch.addmm(bias, hidden[0], weight.t(), out=rows)
+        else:  # bfloat16 or quantized: the head's own kernel, then float32 into the rows
+            rows.copy_(plain(self.head, hidden[0]))
         state.last = views
         return out
 
@@ -98,7 +106,9 @@ class HostLogits:
         rows, which carry host_rows, where ``logits`` is the head's buffer as written; else logits[0]."""
         state = self._local.state
         last, state.last = state.last, None
-        return last[1] if last is not None and logits is last[0] else logits[0]
+        if last is not None and logits is last[0]:
+            return last[1]
+        return logits[0] if logits.dtype == torch.float32 else logits[0].float()
 
 
 class _Rows:

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import precision as precisions
 from engine.registry import ModelSpec, RegistryError
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -19,11 +18,12 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # of the activations and the KV cache
     eos_token_ids: frozenset[int]
     context_length: int
     vocab_size: int  # width of the logits, may exceed len(tokenizer)
     spec: ModelSpec
+    precision: precisions.Precision | None = None
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -32,10 +32,22 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[dtype]
+def pick_precision(spec: ModelSpec, device: torch.device, tp: int = 1,
+                   device_map: str | None = None) -> precisions.Precision:
+    """What the model runs at here (engine/precision.py); sharded or spread models keep their
+    weights unquantized."""
+    gguf_path = None
+    if spec.kind in ("package", "gguf"):
+        where, name = spec.locate()
+        gguf_path = f"{where}/{name}"
+    quantization = spec.quantization
+    if (tp > 1 or device_map) and quantization == "auto":
+        quantization = "none"
+    chosen = precisions.choose(spec.name, spec.dtype, quantization, device, gguf_path)
+    if (tp > 1 or device_map) and chosen.quantization != "none":
+        raise RegistryError(f"model {spec.name!r}: quantization {chosen.quantization} cannot be sharded "
+                            "(--tp or device_map); set quantization: none")
+    return chosen
 
 
 def eos_ids_of(model, tokenizer) -> frozenset[int]:
@@ -62,11 +74,13 @@ def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = Fal
             "put its weights in the Hugging Face cache or point `source` at a local path")
     where, gguf_file = spec.locate()
     target = pick_device(device)
-    dtype = pick_dtype(spec.dtype, target)
+    chosen = pick_precision(spec, target, tp, device_map)
+    dtype = chosen.dtype
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     kwargs["local_files_only"] = not allow_download
     started = time.perf_counter()
-    print(f"maskd: loading {spec.name} from {spec.source} ({target}, {dtype})", file=sys.stderr, flush=True)
+    print(f"maskd: loading {spec.name} from {spec.source} ({target}, {chosen.describe()}: {chosen.why})",
+          file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     if tp > 1:
         from transformers.distributed import DistributedConfig
@@ -74,16 +88,19 @@ def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = Fal
         kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
     elif device_map:
         kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
+    # a GGUF dequantizes to float32: quantized again from there, its 4-bit blocks come back exactly
+    load_dtype = torch.float32 if gguf_file and chosen.quantization != "none" else dtype
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=load_dtype, **kwargs)
     if tp == 1 and not device_map:
         model.to(target)
+        precisions.apply(model, chosen)
     model.eval()
     if spec.chat_template:
         tokenizer.chat_template = spec.chat_template
     context = spec.context_length or getattr(model.config, "max_position_embeddings", 2048)
-    vocab_size = model.get_output_embeddings().weight.shape[0]
+    vocab_size = model.get_output_embeddings().out_features
     print(f"maskd: loaded {spec.name} in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
     return LoadedModel(
         name=spec.name, model=model, tokenizer=tokenizer, device=target, dtype=dtype,
         eos_token_ids=eos_ids_of(model, tokenizer), context_length=context,
-        vocab_size=vocab_size, spec=spec)
+        vocab_size=vocab_size, spec=spec, precision=chosen)

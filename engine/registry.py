@@ -10,6 +10,7 @@ import yaml
 
 TOOL_FORMATS = ("hermes", "llama3_json", "mistral")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 DEFAULT_REGISTRY = Path(__file__).resolve().parent.parent / "models.yaml"
 
 
@@ -23,6 +24,7 @@ class ModelSpec:
     source: str
     tool_format: str = "hermes"
     dtype: str = "auto"
+    quantization: str = "auto"  # weight-only, CPU: engine/precision.py says what auto picks
     chat_template: str | None = None
     context_length: int | None = None
 
@@ -87,7 +89,8 @@ class Registry:
 def _parse_entry(entry: dict, index: int) -> ModelSpec:
     if not isinstance(entry, dict) or "name" not in entry or "source" not in entry:
         raise RegistryError(f"models[{index}] needs at least `name` and `source`")
-    unknown = set(entry) - {"name", "source", "tool_format", "dtype", "chat_template", "context_length"}
+    unknown = set(entry) - {"name", "source", "tool_format", "dtype", "quantization", "chat_template",
+                         "context_length"}
     if unknown:
         raise RegistryError(f"models[{index}] ({entry['name']}): unknown keys {sorted(unknown)}")
     spec = ModelSpec(**entry)
@@ -95,6 +98,8 @@ def _parse_entry(entry: dict, index: int) -> ModelSpec:
         raise RegistryError(f"model {spec.name!r}: tool_format {spec.tool_format!r} is not one of {TOOL_FORMATS}")
     if spec.dtype not in DTYPES:
         raise RegistryError(f"model {spec.name!r}: dtype {spec.dtype!r} is not one of {DTYPES}")
+    if spec.quantization not in QUANTIZATIONS:
+        raise RegistryError(f"model {spec.name!r}: quantization {spec.quantization!r} is not one of {QUANTIZATIONS}")
     if spec.context_length is not None and (not isinstance(spec.context_length, int) or spec.context_length <= 0):
         raise RegistryError(f"model {spec.name!r}: context_length must be a positive integer")
     return spec

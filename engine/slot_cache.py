@@ -250,6 +250,23 @@ class SlotCache:
         return {"input_ids": ids.unsqueeze(0), "position_ids": positions.unsqueeze(0), "attention_mask": mask,
                 "logits_to_keep": last}
 
+    def begin_decode(self, slots: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """A decode pass (engine/decode_step.py) feeding one token to each of `slots`, padded to
+        `rows` by repeating the last slot (a padding row writes what that row writes): its
+        (slots [rows], positions [rows]) on the device, and the columns it attends over (the
+        longest row's, rounded up to GRAIN within the capacity, so the width changes rarely).
+        The ids are the caller's. end() counts one token per slot."""
+        for slot in slots:
+            if self.lengths[slot] + 1 > self.allocated[1]:
+                raise RuntimeError(f"slot {slot} needs {self.lengths[slot] + 1} KV columns; slots hold "
+                                   f"{self.allocated[1]}")
+        padded = slots + [slots[-1]] * (rows - len(slots))
+        host = torch.tensor(padded + [self.lengths[s] for s in padded], dtype=torch.long)
+        packed = host.to(self.device, non_blocking=True)
+        width = min(self._round(max(self.lengths[s] for s in slots) + 1), self.allocated[1])
+        self._pass = (slots, [1] * len(slots), None, None)
+        return packed[:rows], packed[rows:], width
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """key_states, value_states: [1, H, N, D] of this pass's tokens. Writes each token's KV into
         its slot and returns the layer's whole tensors, which slot attention reads by view."""

@@ -126,7 +126,7 @@ class Leader:
 
 class LeaderRunner(ModelRunner):
     def __init__(self, model, device, leader: Leader):
-        super().__init__(model, device)
+        super().__init__(model, device, decode=False)  # every pass packed: the shards' layers all-reduce there
         self.leader = leader
 
     def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
@@ -165,7 +165,7 @@ class LeaderSlotCache(SlotCache):
 def follow(model: torch.nn.Module, device: torch.device, group) -> None:
     """A rank > 0: repeats rank 0's operations on its own shard until told to stop."""
     shape = KVShape.probe(model, device)  # a forward pass: rank 0's Engine probes at the same point
-    runner = ModelRunner(model, device)
+    runner = ModelRunner(model, device, decode=False)
     slots: SlotCache | None = None
     segments: dict[int, KVSegment] = {}
     while True:

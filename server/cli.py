@@ -9,10 +9,13 @@ import signal
 import sys
 import time
 
-# OpenMP threads that spin while they wait (libgomp's default) turn any other busy process on the
-# machine into a 10-50x slowdown of every torch op (two servers on 2 cores: 0.6 s of small matmuls
-# became 47 s); passive waiting costs little alone. Set before torch loads; the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP workers that spin long while they wait (libgomp's default, 300,000 spins) turn any other
+# busy process on the machine into a 10-50x slowdown of every torch op (two servers on 2 cores: 0.6 s
+# of small matmuls became 47 s); workers that never spin (OMP_WAIT_POLICY=PASSIVE) make each of a
+# decode step's ~1,000 parallel regions pay a wake-up (SmolLM2 int4: 18 ms of matmuls instead of 5).
+# A short spin covers the gaps between a step's regions and little more. Set before torch loads;
+# the environment wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "50000")
 
 from engine.registry import RegistryError, load_registry  # noqa: E402
 
@@ -32,7 +35,8 @@ def _load(args, leader=None, device_map: str | None = None):
                     prefill_chunk=args.prefill_chunk, max_waiting=args.max_waiting,
                     prefix_cache_bytes=int(args.prefix_cache_mb * (1 << 20)),
                     kv_cache_bytes=int(args.kv_cache_mb * (1 << 20)) if args.kv_cache_mb else None,
-                    forced_extend=not args.no_forced_extend, leader=leader)
+                    forced_extend=not args.no_forced_extend, leader=leader,
+                    compile_step=not args.no_compile, compile_cache=args.compile_cache or None)
     return loaded, engine
 
 
@@ -160,6 +164,11 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
                              "admission waits while it is full, a prompt that can never fit is a 400")
     parser.add_argument("--no-forced-extend", action="store_true",
                         help="feed grammar-forced tokens one forward pass each instead of one pass per run")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="decode with the eager step only (by default the step is compiled in the background "
+                             "after startup and serves once ready)")
+    parser.add_argument("--compile-cache", default=os.path.join(os.path.expanduser("~"), ".cache", "maskd", "inductor"),
+                        help="directory of inductor's compiled kernels, kept across restarts")
     parser.add_argument("--allow-download", action="store_true",
                         help="let transformers fetch weights from the Hugging Face hub")
 
@@ -220,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the ranks of --tp are started with
+    from engine.omp_team import single_main
+
+    single_main()  # the engine thread's OpenMP team is the only one (engine/omp_team.py)
     try:
         return args.func(args)
     except RegistryError as exc:
