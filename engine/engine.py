@@ -54,7 +54,7 @@ class Engine:
         # slot cache tell the other ranks what to repeat
         self.leader = leader
         # decode_step: passes of one token per row go through engine/decode_step.py; compile_step:
-        # compiled in the background (engine/step_compiler.py), eager until it is ready
+        # compiled here, before the engine serves (engine/step_compiler.py)
         self.runner = ModelRunner(model, device, decode=decode_step) if leader is None else leader.runner(model, device)
         shape = KVShape.probe(model, device)
         self.step_compiler = None
@@ -62,6 +62,7 @@ class Engine:
             self.step_compiler = StepCompiler(self.runner.decode, shape.heads, shape.head_dims, shape.dtype, device,
                                               compile_cache)
             self.runner.compiler = self.step_compiler
+            self.step_compiler.run()
         if kv_cache_bytes is None:
             kv_cache_bytes = default_kv_budget(device, shape, max_batch, context_length)
         args = (shape, MaskLayout.of(model.config), device, max_batch, context_length, kv_cache_bytes)
@@ -94,8 +95,6 @@ class Engine:
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self._thread = threading.Thread(target=self._loop, name="maskd-engine", daemon=True)
         self._thread.start()
-        if self.step_compiler is not None:
-            self.step_compiler.start()
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -231,8 +230,11 @@ class Engine:
             seq, why = self.scheduler.failed.pop()
             self._finish(seq, "error", error=why)
         if seqs:
+            before = [len(seq.output_ids) for seq in seqs]
             self._advance(seqs, logits)
-            self.metrics.stepped(seqs, time.perf_counter())
+            gained = [len(seq.output_ids) - n for seq, n in zip(seqs, before)]
+            # one token per row sampled; every other appended token was forced text
+            self.metrics.stepped(seqs, time.perf_counter(), sum(gained), sum(max(g - 1, 0) for g in gained))
         self.scheduler.settle()
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:

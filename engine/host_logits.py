@@ -21,9 +21,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from engine.quantized_linear import Int4Linear, Int8Linear
+from engine.quantized_linear import DenseLinear, Int4Linear, Int8Linear
 
-QUANTIZED = (Int8Linear, Int4Linear)
+QUANTIZED = (Int8Linear, Int4Linear, DenseLinear)
 
 ATTRIBUTE = "host_rows"
 MOST_ROWS = 256  # rows of one pass (the batch, not the prompt tokens); a larger pass is not buffered
@@ -42,7 +42,8 @@ def host_rows(logits: torch.Tensor) -> HostRows | None:
 
 
 class HostLogits:
-    """Wraps a float32 CPU ``nn.Linear`` output head (``install``, once per head): while a thread
+    """Wraps a CPU output head, an ``nn.Linear`` or one of engine/quantized_linear.py's (``install``,
+    once per head), whose logits are float32 rows: while a thread
     has it ``armed``, a pass of one sequence of n <= MOST_ROWS positions ([1, n, H] hidden states,
     as the engine's packed passes keep one per row) writes its logits [1, n, V] into that thread's
     buffer with one matmul, and ``rows(logits)`` gives the [n, V] view that carries ``host_rows``;

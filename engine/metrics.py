@@ -31,7 +31,10 @@ class EngineMetrics:
         self.prompt_tokens = Counter("maskd_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.cached_tokens = Counter("maskd_cached_prompt_tokens", "Prompt tokens served from the prefix cache",
                                      registry=r)
-        self.generated_tokens = Counter("maskd_generation_tokens", "Tokens generated", registry=r)
+        self.generated_tokens = Counter("maskd_generation_tokens", "Tokens appended to outputs (sampled and forced)",
+                                        registry=r)
+        self.forced_tokens = Counter("maskd_forced_tokens",
+                                     "Output tokens the grammar forced (appended without sampling)", registry=r)
         self.forward_passes = Counter("maskd_forward_passes", "Model forward passes (prefill chunks + decode steps)",
                                       registry=r)
         self.batch_size = Histogram("maskd_decode_batch_size", "Rows per decode forward pass",
@@ -65,9 +68,10 @@ class EngineMetrics:
         self.prompt_tokens.inc(len(seq.request.prompt_ids))
         self.cached_tokens.inc(seq.cached_tokens)
 
-    def stepped(self, seqs: list[Sequence], now: float) -> None:
-        """After a step appended a token to each of seqs."""
-        self.generated_tokens.inc(len(seqs))
+    def stepped(self, seqs: list[Sequence], now: float, appended: int, forced: int) -> None:
+        """After a step appended `appended` tokens to seqs, `forced` of them forced text."""
+        self.generated_tokens.inc(appended)
+        self.forced_tokens.inc(forced)
         for seq in seqs:
             if seq.first_token_at is None:
                 seq.first_token_at = now

@@ -40,10 +40,11 @@ def pick_precision(spec: ModelSpec, device: torch.device, tp: int = 1,
     if spec.kind in ("package", "gguf"):
         where, name = spec.locate()
         gguf_path = f"{where}/{name}"
-    quantization = spec.quantization
-    if (tp > 1 or device_map) and quantization == "auto":
-        quantization = "none"
-    chosen = precisions.choose(spec.name, spec.dtype, quantization, device, gguf_path)
+    quantization, dtype = spec.quantization, spec.dtype
+    if tp > 1 or device_map:  # the shards are plain Linear layers at the model's dtype
+        quantization = "none" if quantization == "auto" else quantization
+        dtype = "float32" if dtype == "auto" and device.type == "cpu" else dtype
+    chosen = precisions.choose(spec.name, dtype, quantization, device, gguf_path)
     if (tp > 1 or device_map) and chosen.quantization != "none":
         raise RegistryError(f"model {spec.name!r}: quantization {chosen.quantization} cannot be sharded "
                             "(--tp or device_map); set quantization: none")
@@ -75,7 +76,7 @@ def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = Fal
     where, gguf_file = spec.locate()
     target = pick_device(device)
     chosen = pick_precision(spec, target, tp, device_map)
-    dtype = chosen.dtype
+    dtype = chosen.model_dtype
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     kwargs["local_files_only"] = not allow_download
     started = time.perf_counter()
@@ -89,8 +90,7 @@ def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = Fal
     elif device_map:
         kwargs["device_map"] = device_map
     # a GGUF dequantizes to float32: quantized again from there, its 4-bit blocks come back exactly
-    load_dtype = torch.float32 if gguf_file and chosen.quantization != "none" else dtype
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=load_dtype, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
     if tp == 1 and not device_map:
         model.to(target)
         precisions.apply(model, chosen)

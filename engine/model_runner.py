@@ -37,17 +37,17 @@ class ModelRunner:
         self.compiler = compiler
 
     @torch.inference_mode()
-    def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
+    def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]], decode: bool = True) -> torch.Tensor:
         """Feeds tokens[b] to slot rows[b] (prompt chunks, one sampled token, or a sampled token and
         the run the grammar forced after it; [] for a slot that does not step), all in one pass.
         Returns float32 logits [B, V] of each slot's last new token (rows that fed nothing get
-        meaningless logits). On CPU these are the engine's own rows (engine/host_logits.py), which
+        meaningless logits). decode=False: packed even where every row feeds one token. On CPU these are the engine's own rows (engine/host_logits.py), which
         the next pass overwrites: read within the step."""
         host = self.host
         if host is not None:
             host.arm(True)
         try:
-            if self.decode is not None and all(len(t) <= 1 for t in tokens) and any(tokens):
+            if decode and self.decode is not None and all(len(t) <= 1 for t in tokens) and any(tokens):
                 logits = self._decode(slots, rows, tokens)
             else:
                 logits = self._packed(slots, rows, tokens)
@@ -79,10 +79,10 @@ class ModelRunner:
         try:
             try:
                 hidden = (self.decode if step is None else step)(*args)  # [bucket, H]
-            except Exception:
+            except Exception as exc:
                 if step is None:
                     raise
-                self.compiler.fallbacks += 1  # a shape the compiled step was not made for: this pass eager
+                self.compiler.refused(exc)  # a shape the compiled step was not made for: this pass eager
                 hidden = self.decode(*args)
         except BaseException:
             slots.end(completed=False)

@@ -30,13 +30,26 @@ FOUR_BIT = {"Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"}  # GGUF block types int4
 
 @dataclass(frozen=True)
 class Precision:
-    dtype: torch.dtype  # activations and KV cache
+    """On CUDA the whole model runs at `dtype`. On the CPU the linear layers multiply in `dtype` and
+    the rest of the model (residual stream, norms, attention, KV cache) stays float32
+    (engine/quantized_linear.py says why)."""
+
+    dtype: torch.dtype  # of the matmuls (CPU) or of everything (CUDA)
     quantization: str  # none | int8 | int4 (weight-only; the head is int8 whenever it is not none)
     why: str  # one line for the startup log and `maskd models`
+    cpu: bool = True
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        """The dtype of the model's own tensors, the activations between its layers and the KV cache."""
+        return torch.float32 if self.cpu else self.dtype
 
     def describe(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
-        return name if self.quantization == "none" else f"{name} activations, {self.quantization} weights"
+        if not self.cpu or (self.dtype == torch.float32 and self.quantization == "none"):
+            return name
+        weights = name if self.quantization == "none" else self.quantization
+        return f"{weights} weights, {name} matmuls, float32 activations"
 
 
 def cpu_has_bf16() -> bool:
@@ -65,8 +78,8 @@ def choose(name: str, dtype: str, quantization: str, device: torch.device,
         if dtype == "auto":
             bf16 = device.type != "cuda" or torch.cuda.is_bf16_supported()
             return Precision(torch.bfloat16 if bf16 else torch.float16, "none",
-                             f"auto on {device.type}: {'bfloat16' if bf16 else 'float16'}")
-        return Precision(DTYPES[dtype], "none", f"dtype {dtype} as models.yaml says")
+                             f"auto on {device.type}: {'bfloat16' if bf16 else 'float16'}", cpu=False)
+        return Precision(DTYPES[dtype], "none", f"dtype {dtype} as models.yaml says", cpu=False)
     bf16 = cpu_has_bf16()
     if dtype == "auto":
         act = torch.bfloat16 if bf16 else torch.float32
@@ -86,11 +99,11 @@ def choose(name: str, dtype: str, quantization: str, device: torch.device,
 
 
 def apply(model: torch.nn.Module, precision: Precision) -> int:
-    """Casts the model to the activation dtype and quantizes its linear layers in place; returns how
-    many layers were quantized."""
+    """Casts the model to its dtype and, on the CPU, replaces its linear layers in place (quantized, or
+    dense in a narrower dtype); returns how many layers were replaced."""
     from engine.quantized_linear import quantize_model
 
-    model.to(precision.dtype)
-    if precision.quantization == "none":
+    model.to(precision.model_dtype)
+    if precision.model_dtype == precision.dtype and precision.quantization == "none":
         return 0
     return quantize_model(model, precision.quantization, precision.dtype)

@@ -115,7 +115,9 @@ class Scheduler:
         if not fed and not run:
             return [], None
         slots = list(range(lo, lo + len(run))) + [seq.slot for seq, _ in fed]
-        logits = self.runner.forward(self.slots, slots, run + [chunk for _, chunk in fed])  # [len(slots), V]
+        # a pass with prompt tokens runs packed: a prompt's last token gets the same arithmetic
+        # whether the tokens before it were prefilled beside it or read from the prefix cache
+        logits = self.runner.forward(self.slots, slots, run + [chunk for _, chunk in fed], decode=not fed)  # [len(slots), V]
         self._count_pass(len(self.rows))
         seqs = [seq for seq in self.rows if not seq.next_input]  # sampled now (others feed more first)
         picks = [seq.slot - lo for seq in seqs]

@@ -129,11 +129,11 @@ class LeaderRunner(ModelRunner):
         super().__init__(model, device, decode=False)  # every pass packed: the shards' layers all-reduce there
         self.leader = leader
 
-    def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
+    def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]], decode: bool = True) -> torch.Tensor:
         self.leader.record("forward", rows, tokens)
         self.leader.flush()
         try:
-            return super().forward(slots, rows, tokens)
+            return super().forward(slots, rows, tokens, decode)
         except Exception as exc:  # the other ranks' KV now differs from ours, or they are gone
             fatal(f"a forward pass failed ({type(exc).__name__}: {exc})")
 

@@ -196,3 +196,40 @@ def test_a_forced_run_gives_the_tokens_of_feeding_it(family, smollm_tokenizer):
     assert rest == alone(model, smollm_tokenizer, fed)[:NEW - 1] == reference(model, fed, NEW - 1)
     assert tokens[0] == reference(model, ps[2], 1)[0]
     assert [driver.tokens(r) for r in free] == [reference(model, p) for p in ps[:2]]
+
+
+def test_decode_passes_run_the_lean_decode_step(family, smollm_tokenizer):
+    """Rows feeding one token go through engine/decode_step.py, not the packed forward: the equalities
+    above are of that step against plain transformers."""
+    _, model = family
+    driver = Driver(model, smollm_tokenizer)
+    for p in prompts(LENGTHS[:3]):
+        driver.submit(p)
+    driver.run()
+    runner = driver.engine.runner
+    assert runner.decode is not None and runner.decode_passes >= NEW - 1
+    assert runner.decode_passes < runner.forward_passes  # the prompts went through the packed forward
+
+
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("inductor")
+
+
+def test_the_compiled_step_gives_the_eager_tokens(family, smollm_tokenizer, inductor_cache):
+    """The decode step compiled (engine/step_compiler.py, when the engine is made) decodes eight rows
+    batched, and each alone, to plain transformers' tokens; no pass falls back to eager."""
+    _, model = family
+    ps = prompts(LENGTHS)
+    expected = [reference(model, p) for p in ps]
+    driver = Driver(model, smollm_tokenizer, compile_step=True, compile_cache=str(inductor_cache))
+    compiler = driver.engine.step_compiler
+    assert compiler.error is None and compiler.compiled is not None
+    requests = [driver.submit(p) for p in ps]
+    driver.run()
+    assert [driver.tokens(r) for r in requests] == expected
+    for p, tokens in zip(ps[:3], expected[:3]):
+        request = driver.submit(p)
+        driver.run()
+        assert driver.tokens(request) == tokens
+    assert compiler.fallbacks == 0 and driver.engine.runner.decode_passes > 0
