@@ -554,10 +554,87 @@ def main() -> int:
     return 1 if result["failed"] else 0
 
 
+def bandwidth_gbs(device: torch.device) -> float:
+    """The device's memory bandwidth as a large copy sees it (read + write), GB/s."""
+    data = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    copy = torch.empty_like(data)
+    copy.copy_(data)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    started = time.perf_counter()
+    for _ in range(10):
+        copy.copy_(data)
+    sync()
+    return 2 * 10 * data.numel() / (time.perf_counter() - started) / 1e9
+
+
+def compiled_step(ctx, sizes: Sizes, say) -> dict:
+    """The compiled decode step (engine/step_compiler.py): its greedy tokens against the eager
+    step's on four prompts (equal, or parting at a near tie as `compare` judges), decode tokens/s
+    at batch 1 and 32 against the bandwidth ceiling (weights read once a step), the prefill rate of
+    one long prompt, and the masks applied to 64 rows."""
+    from server.bench.engine_rows import Stepper, bench_engine, random_prompts
+
+    ps = prompts([sizes.lengths[0], sizes.lengths[-1], 17, 33], ctx.prompt_vocab, seed=9)
+    eager = [alone(ctx, p, sizes.new) for p in ps]
+    driver = Driver(ctx, compile_step=True)
+    say(f"  compiled in {driver.engine.step_compiler.seconds or float('nan'):.1f}s "
+        f"({driver.engine.step_compiler.error or 'ok'})")
+    requests = [driver.submit(p, sizes.new) for p in ps]
+    driver.run()
+    record = compare(ctx, "compiled step == eager step", [driver.tokens(r) for r in requests], eager, ps)
+    weights = sum(p.numel() * p.element_size() for p in ctx.model.parameters())
+    ceiling = bandwidth_gbs(ctx.device) * 1e9 / weights  # steps/s if a step read each weight once
+    out = {"equality": record, "weight_bytes": weights, "ceiling_steps_per_s": ceiling, "rates": []}
+    for rows in (1, 32):
+        engine = bench_engine(ctx, prefix_cache_bytes=0, max_batch=rows, compile_step=True)
+        stepper = Stepper(engine)
+        reqs = [stepper.submit(p, max_tokens=sizes.rate_steps + 16)
+                for p in random_prompts(ctx.vocab_size, [sizes.rate_prompt] * rows, seed=rows)]
+        while not stepper.decoding(rows):
+            stepper.step()
+        times = [stepper.step() for _ in range(sizes.rate_steps)]
+        for r in reqs:
+            engine.cancel(r.request_id)
+        while stepper.busy():
+            stepper.step()
+        engine.shutdown()
+        step = statistics.median(times)
+        out["rates"].append({"rows": rows, "tokens_per_s": rows / step, "of_ceiling": 1 / step / ceiling})
+        say(f"  batch {rows}: {rows / step:.1f} tokens/s, {1 / step / ceiling:.0%} of the bandwidth ceiling")
+    engine = bench_engine(ctx, prefix_cache_bytes=0, prefill_chunk=sizes.long)
+    stepper = Stepper(engine)
+    started = time.perf_counter()
+    stepper.submit(random_prompts(ctx.vocab_size, [sizes.long], seed=5)[0], max_tokens=1)
+    while stepper.busy():
+        stepper.step()
+    out["prefill_tokens_per_s"] = sizes.long / (time.perf_counter() - started)
+    engine.shutdown()
+    logits = torch.randn(64, ctx.model_vocab, device=ctx.device)
+    words = torch.randint(-2**31, 2**31 - 1, (64, (ctx.model_vocab + 31) // 32), dtype=torch.int32, device=ctx.device)
+    shifts = torch.arange(32, device=ctx.device, dtype=torch.int32)
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    sync()
+    started = time.perf_counter()
+    for _ in range(20):
+        allowed = ((words[:, :, None] >> shifts) & 1).bool().view(64, -1)[:, :ctx.model_vocab]
+        logits.masked_fill_(~allowed, float("-inf"))
+    sync()
+    out["mask_apply_64_rows_us"] = (time.perf_counter() - started) / 20 * 1e6
+    say(f"  prefill {out['prefill_tokens_per_s']:.0f} tokens/s; masks applied to 64 rows in "
+        f"{out['mask_apply_64_rows_us']:.0f} us")
+    return out
+
+
 def run_bench(ctx, sizes: Sizes, section, bench: dict, say) -> None:
     """server/bench/engine_step.py's measures over this model; each result is in `bench` once done."""
     from server.bench.engine_rows import prefill_interference, soak
     from server.bench.engine_step import step_times
+
+    say("the compiled decode step: equality with eager, batch 1 and 32 against the bandwidth ceiling")
+    compiled = section("compiled", lambda: compiled_step(ctx, sizes, say))
+    if compiled:
+        bench["compiled"] = compiled
 
     for c in sizes.contexts:
         say(f"decode step, 8 rows at {c} tokens: maskd vs bare StaticCache forward")

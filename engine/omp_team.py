@@ -30,3 +30,8 @@ def engine_threads() -> None:
     torch uses now, where single_main() was not called)."""
     if _cores is not None:
         torch.set_num_threads(_cores)
+
+
+def cores() -> int:
+    """The threads the engine computes on (what a peer measured beside it should get too)."""
+    return _cores if _cores is not None else torch.get_num_threads()

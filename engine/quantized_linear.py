@@ -61,12 +61,42 @@ class Int4Linear(torch.nn.Module):
         n, k = linear.weight.shape
         return k % INT4_GROUP == 0 and n % 8 == 0
 
+    def dequantized(self) -> torch.Tensor:
+        """W [N, K] as the kernel reads it, in float32."""
+        eye = torch.eye(self.in_features, dtype=self.scale_zero.dtype)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, INT4_GROUP, self.scale_zero).float().t()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale_zero.dtype)  # [M, K]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, INT4_GROUP, self.scale_zero).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int4PairLinear(torch.nn.Module):
+    """The output head: an int4 layer of W and a second int4 layer of what it missed (W minus its
+    dequantized self), summed. About int8's precision (each group's error is cut 15-fold again) in
+    two int4 reads, which cost SmolLM2's 49,152 x 576 head 2x ~0.5 ms against 2.7 ms for torch's
+    int8 kernel on 2 cores."""
+
+    def __init__(self, linear: torch.nn.Linear, compute: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.coarse = Int4Linear(linear, compute)
+        rest = torch.nn.Linear(linear.in_features, linear.out_features, bias=False)
+        with torch.no_grad():
+            rest.weight.copy_(linear.weight.detach().float() - self.coarse.dequantized())
+        self.fine = Int4Linear(rest, compute)
+        self.bias = _bias(linear)
+
+    @staticmethod
+    def fits(linear: torch.nn.Linear) -> bool:
+        return Int4Linear.fits(linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.coarse(x) + self.fine(x)
+        return y if self.bias is None else y + self.bias
 
 
 class DenseLinear(torch.nn.Module):
@@ -89,13 +119,14 @@ def _bias(linear: torch.nn.Linear) -> torch.nn.Parameter | None:
 
 
 KINDS = {"int8": Int8Linear, "int4": Int4Linear, "none": DenseLinear}
+HEADS = {"int8": Int4PairLinear, "int4": Int4PairLinear, "none": DenseLinear}
 
 
 def quantize_model(model: torch.nn.Module, kind: str, compute: torch.dtype) -> int:
     """Replaces the decoder's Linear layers with `kind` ("int8", "int4", or "none": dense) layers
-    computing in `compute`, and the output head with an int8 one where the layers are quantized (the
-    logits are the most sensitive product: int4 there cost SmolLM2 4% of perplexity); a layer int4
-    cannot hold (its sizes) becomes int8.
+    computing in `compute`, and the output head with an Int4PairLinear where the layers are quantized
+    (the logits are the most sensitive product: plain int4 there cost SmolLM2 4% of perplexity); a
+    layer int4 cannot hold (its sizes) becomes int8.
     The input embedding stays as it is (a lookup reads one row, not the matrix). Returns how many
     layers were replaced. Weights tied between head and embedding are untied: the head gets its own."""
     replaced = 0
@@ -104,8 +135,8 @@ def quantize_model(model: torch.nn.Module, kind: str, compute: torch.dtype) -> i
         for name, child in list(parent.named_children()):
             if type(child) is not torch.nn.Linear:
                 continue
-            cls = Int8Linear if child is head and kind != "none" else KINDS[kind]
-            if cls is Int4Linear and not Int4Linear.fits(child):
+            cls = HEADS[kind] if child is head else KINDS[kind]
+            if cls in (Int4Linear, Int4PairLinear) and not Int4Linear.fits(child):
                 cls = Int8Linear
             setattr(parent, name, cls(child, compute))
             replaced += 1

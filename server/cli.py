@@ -114,11 +114,19 @@ def cmd_serve(args) -> int:
 
 
 def cmd_models(args) -> int:
+    from engine.model_loader import pick_device, pick_precision
+
     registry = load_registry(args.models)
-    print(f"{'name':32} {'available':10} {'tool_format':12} source")
+    device = pick_device()
+    print(f"{'name':32} {'available':10} {'tool_format':12} {'runs here at (' + device.type + ')':48} source")
     for spec in registry.models.values():
         mark = " (default)" if spec.name == registry.default else ""
-        print(f"{spec.name + mark:32} {'yes' if spec.is_available() else 'no':10} {spec.tool_format:12} {spec.source}")
+        available = spec.is_available()
+        try:
+            here = pick_precision(spec, device).describe() if available else "-"
+        except RegistryError as exc:
+            here = f"refused: {exc}"
+        print(f"{spec.name + mark:32} {'yes' if available else 'no':10} {spec.tool_format:12} {here:48} {spec.source}")
     return 0
 
 

@@ -123,7 +123,7 @@ class BenchContext:
         compiler = GrammarCompiler(vocabulary, timeout_s=10.0)
         masker = TimedMasker(ConstraintMasker(loaded.vocab_size, 8))
         engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
-                        logits_hooks=[masker], prefix_cache_bytes=512 << 20)  # as `maskd serve`
+                        logits_hooks=[masker], prefix_cache_bytes=512 << 20, compile_step=True)  # as `maskd serve`
         engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)
         engine.start()
         state = ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
@@ -174,7 +174,7 @@ class BenchContext:
         self._server.callback(compiler.close)
         engine = Engine(loaded.model, loaded.tokenizer, loaded.device, loaded.eos_token_ids, loaded.context_length,
                         max_batch=16, logits_hooks=[ConstraintMasker(loaded.vocab_size, 16)],
-                        prefix_cache_bytes=512 << 20)
+                        prefix_cache_bytes=512 << 20, compile_step=True)
         engine.forced_text = ForcedText(stack.vocabulary, loaded.tokenizer)  # as `maskd serve`
         state = ServerState(loaded.name, loaded.tokenizer, loaded.context_length, loaded.spec.tool_format, engine,
                             compiler, stack.vocabulary, default_max_tokens=4096)

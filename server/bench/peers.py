@@ -174,7 +174,9 @@ class LlamaCppPeer:
             raise RuntimeError(f"the model {stack.loaded.name} is not a GGUF file")
         from llama_cpp import Llama
 
-        threads = torch.get_num_threads()  # as many as maskd's forward passes use
+        from engine.omp_team import cores
+
+        threads = cores()  # as many as maskd's forward passes use
         self.llm = Llama(model_path=f"{where}/{gguf}", n_ctx=4096, n_threads=threads, n_threads_batch=threads,
                          seed=0, verbose=False)
         self.eos = set(stack.engine.eos_token_ids) | {self.llm.token_eos()}
