@@ -356,3 +356,19 @@ def test_rows_narrowed_by_two_hooks_are_picked_alike_in_either_order(tiny_model,
     assert len(first[0]) == 12 and set(first[0]) <= {5, 7}
     value = json.loads(smollm_tokenizer.decode(first[1], skip_special_tokens=True))
     assert isinstance(value["n"], int) and value["w"] in ("a", "bb")
+
+
+def test_token_counters_count_forced_tokens_too(engine, smollm_tokenizer):
+    """maskd_generation_tokens counts every appended token, a forced run's included (it counted one
+    per row per step: 79 of 259 on six tool calls), and maskd_forced_tokens the forced ones."""
+    from engine_fixtures import ForcesRun
+
+    forced = prompt(smollm_tokenizer, " jumps over the lazy dog")
+    request = Request(prompt_ids=prompt(smollm_tokenizer), constraint=ForcesRun(forced),
+                      params=SamplingParams(max_tokens=len(forced) + 4, temperature=0, ignore_eos=True))
+    events = run(engine, request)
+    made = sum(len(e.token_ids) for e in events)
+    assert made == events[-1].completion_tokens == len(forced) + 4
+    engine.call(lambda: None).result(timeout=60)  # the step that emitted the last event has counted it
+    assert engine.metrics.generated_tokens._value.get() == made
+    assert engine.metrics.forced_tokens._value.get() == len(forced)
