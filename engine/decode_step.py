@@ -94,9 +94,13 @@ class DecodeStep(torch.nn.Module):
         B = h.shape[0]
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(B, -1, self.head_dim)  # [B, Hq, D]
-        k = attn.k_proj(x).view(B, -1, self.head_dim)  # [B, Hkv, D]
-        v = attn.v_proj(x).view(B, -1, self.head_dim)
+        if hasattr(attn, "maskd_qkv"):  # engine/quantized_linear.py's fused copy: one call
+            q, k, v = attn.maskd_qkv(x).split(self._qkv_sizes(attn), dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = q.view(B, -1, self.head_dim)  # [B, Hq, D]
+        k = k.view(B, -1, self.head_dim)  # [B, Hkv, D]
+        v = v.view(B, -1, self.head_dim)
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
         q = q * cos + rotate_half(q) * sin
@@ -112,9 +116,20 @@ class DecodeStep(torch.nn.Module):
         o = attn.o_proj(o.reshape(B, -1).to(h.dtype))  # [B, H]
         if self.sandwich:
             h = h + layer.post_attention_layernorm(o)
-            return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+            return h + layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(h)))
         h = h + o
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
+
+    @staticmethod
+    def _qkv_sizes(attn) -> list[int]:
+        return [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+
+    @staticmethod
+    def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(mlp, "maskd_gate_up"):
+            return mlp(x)
+        gate, up = mlp.maskd_gate_up(x).chunk(2, dim=-1)  # engine/quantized_linear.py's fused copy
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def _attend(self, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q [B, Hkv, G, D] over K, V [B, Hkv, W, D] where mask [B, 1, 1, W]. On CUDA one fused kernel;

@@ -17,8 +17,8 @@ from engine.collector import no_collection
 from engine.kv_budget import PromptTooLong, default_kv_budget
 from engine.logprobs import TokenLogprob, forced_logprob, step_logprobs
 from engine.metrics import EngineMetrics
-from engine.omp_team import engine_threads
 from engine.model_runner import ModelRunner
+from engine.omp_team import engine_threads
 from engine.penalties import apply_penalties
 from engine.radix_cache import RadixCache
 from engine.sampling import apply_logit_bias, sample

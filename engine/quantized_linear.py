@@ -40,20 +40,30 @@ class Int8Linear(torch.nn.Module):
         return self.qweight.float() * self.scale.float()[:, None]  # [N, K]
 
 
+def int4_parts(weight: torch.Tensor, compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K] in groups of 32 along K, min-max: (packed for the kernel, scale and zero
+    [G, N, 2] in `compute`, and the weight [N, K] float32 as the kernel reads it back)."""
+    n, k = weight.shape
+    w = weight.detach().float().view(n, k // INT4_GROUP, INT4_GROUP)  # [N, G, 32]
+    low, high = w.amin(dim=-1), w.amax(dim=-1)  # [N, G]
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = ((w - low[..., None]) / scale[..., None]).round().clamp(0, 15)  # [N, G, 32]
+    zero = low + 8 * scale  # the kernel reads (q - 8) * scale + zero
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).view(n, k), 1)
+    scale_zero = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(compute)  # [G, N, 2]
+    scale, zero = scale_zero[..., 0].t().float(), scale_zero[..., 1].t().float()  # rounded as the kernel reads them
+    return packed, scale_zero, ((q - 8) * scale[..., None] + zero[..., None]).view(n, k)
+
+
 class Int4Linear(torch.nn.Module):
     """y = x @ W.T + bias with W[n, g*32 + i] = (q - 8) * scale[g, n] + zero[g, n], q in 0..15."""
 
-    def __init__(self, linear: torch.nn.Linear, compute: torch.dtype):
+    def __init__(self, linear: torch.nn.Linear, compute: torch.dtype, parts=None):
         super().__init__()
-        n, k = linear.weight.shape
-        w = linear.weight.detach().float().view(n, k // INT4_GROUP, INT4_GROUP)  # [N, G, 32]
-        low, high = w.amin(dim=-1), w.amax(dim=-1)  # [N, G]
-        scale = ((high - low) / 15).clamp(min=1e-12)
-        q = ((w - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).view(n, k)
-        zero = low + 8 * scale  # the kernel reads (q - 8) * scale + zero
-        self.in_features, self.out_features = k, n
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
-        self.register_buffer("scale_zero", torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(compute))  # [G, N, 2]
+        packed, scale_zero, _ = parts or int4_parts(linear.weight, compute)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zero", scale_zero)
         self.bias = _bias(linear)
 
     @staticmethod
@@ -62,9 +72,9 @@ class Int4Linear(torch.nn.Module):
         return k % INT4_GROUP == 0 and n % 8 == 0
 
     def dequantized(self) -> torch.Tensor:
-        """W [N, K] as the kernel reads it, in float32."""
-        eye = torch.eye(self.in_features, dtype=self.scale_zero.dtype)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, INT4_GROUP, self.scale_zero).float().t()
+        """W [N, K] as the kernel reads it, in float32 (its scales and zeros are exact there)."""
+        eye = torch.eye(self.in_features)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, INT4_GROUP, self.scale_zero.float()).t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scale_zero.dtype)  # [M, K]
@@ -83,16 +93,11 @@ class Int4PairLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, compute: torch.dtype):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.coarse = Int4Linear(linear, compute)
-        rest = torch.nn.Linear(linear.in_features, linear.out_features, bias=False)
-        with torch.no_grad():
-            rest.weight.copy_(linear.weight.detach().float() - self.coarse.dequantized())
-        self.fine = Int4Linear(rest, compute)
+        plain = torch.nn.Linear(linear.in_features, linear.out_features, bias=False)  # the bias is added once, here
+        coarse = int4_parts(linear.weight, compute)
+        self.coarse = Int4Linear(plain, compute, coarse)
+        self.fine = Int4Linear(plain, compute, int4_parts(linear.weight.detach().float() - coarse[2], compute))
         self.bias = _bias(linear)
-
-    @staticmethod
-    def fits(linear: torch.nn.Linear) -> bool:
-        return Int4Linear.fits(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.coarse(x) + self.fine(x)
@@ -122,16 +127,41 @@ KINDS = {"int8": Int8Linear, "int4": Int4Linear, "none": DenseLinear}
 HEADS = {"int8": Int4PairLinear, "int4": Int4PairLinear, "none": DenseLinear}
 
 
+FUSED = (("maskd_qkv", ("q_proj", "k_proj", "v_proj")), ("maskd_gate_up", ("gate_proj", "up_proj")))
+
+
+def _fuse(parent: torch.nn.Module, kind: str, compute: torch.dtype) -> None:
+    """Beside sibling projections that read the same input (q, k, v; gate, up), one layer of them
+    all, rows stacked, for the decode step (engine/decode_step.py): one kernel call instead of
+    three or two. Each row is quantized as in its own layer, so the outputs are the same numbers."""
+    for name, parts in FUSED:
+        layers = [getattr(parent, part, None) for part in parts]
+        if not all(type(layer) is torch.nn.Linear for layer in layers):
+            continue
+        joined = torch.nn.Linear(layers[0].in_features, sum(layer.out_features for layer in layers),
+                                 bias=layers[0].bias is not None)
+        with torch.no_grad():
+            joined.weight.copy_(torch.cat([layer.weight for layer in layers]))
+            if joined.bias is not None:
+                joined.bias.copy_(torch.cat([layer.bias for layer in layers]))
+        cls = KINDS[kind]
+        if cls is Int4Linear and not Int4Linear.fits(joined):
+            cls = Int8Linear
+        setattr(parent, name, cls(joined, compute))
+
+
 def quantize_model(model: torch.nn.Module, kind: str, compute: torch.dtype) -> int:
     """Replaces the decoder's Linear layers with `kind` ("int8", "int4", or "none": dense) layers
     computing in `compute`, and the output head with an Int4PairLinear where the layers are quantized
     (the logits are the most sensitive product: plain int4 there cost SmolLM2 4% of perplexity); a
-    layer int4 cannot hold (its sizes) becomes int8.
+    layer int4 cannot hold (its sizes) becomes int8. Sibling projections also get a fused copy
+    (`_fuse`).
     The input embedding stays as it is (a lookup reads one row, not the matrix). Returns how many
     layers were replaced. Weights tied between head and embedding are untied: the head gets its own."""
     replaced = 0
     head = model.get_output_embeddings()
     for parent in list(model.modules()):
+        _fuse(parent, kind, compute)
         for name, child in list(parent.named_children()):
             if type(child) is not torch.nn.Linear:
                 continue

@@ -233,3 +233,22 @@ def test_the_compiled_step_gives_the_eager_tokens(family, smollm_tokenizer, indu
         driver.run()
         assert driver.tokens(request) == tokens
     assert compiler.fallbacks == 0 and driver.engine.runner.decode_passes > 0
+
+
+def test_the_decode_step_on_quantized_layers_gives_the_packed_forwards_tokens(family, smollm_tokenizer):
+    """Quantized (int4, engine/quantized_linear.py), each family's decode step reads its fused
+    q/k/v and gate/up copies; its tokens are those of the same model run packed every pass."""
+    from engine.quantized_linear import quantize_model
+
+    _, model = family
+    quantized = copy.deepcopy(model)
+    quantize_model(quantized, "int4", torch.float32)
+    assert hasattr(quantized.model.layers[0].self_attn, "maskd_qkv")
+    assert hasattr(quantized.model.layers[0].mlp, "maskd_gate_up")
+    ps = prompts(LENGTHS[:4], seed=4)
+    packed = [alone(quantized, smollm_tokenizer, p, decode_step=False) for p in ps]
+    driver = Driver(quantized, smollm_tokenizer)
+    requests = [driver.submit(p) for p in ps]
+    driver.run()
+    assert driver.engine.runner.decode_passes > 0
+    assert [driver.tokens(r) for r in requests] == packed

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine import precision
 from engine.model_loader import load_model
-from engine.quantized_linear import Int4Linear, Int8Linear, quantize_model
+from engine.quantized_linear import Int4Linear, Int4PairLinear, Int8Linear, quantize_model
 from engine.registry import ModelSpec, RegistryError, load_registry
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -84,6 +84,11 @@ def test_int4_layers_hold_q4_blocks_exactly_and_int8_within_a_step():
     assert torch.allclose(Int4Linear(linear, torch.float32)(x), exact, rtol=1e-4, atol=1e-4)
     step = linear.weight.abs().amax() / 127
     assert (Int8Linear(linear, torch.float32).dequantized() - linear.weight).abs().max() <= step / 2 + 1e-6
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(64, 256) * 0.05)  # no longer on a 4-bit grid
+    pair, single = Int4PairLinear(linear, torch.float32)(x), Int4Linear(linear, torch.float32)(x)
+    exact = linear(x)
+    assert (pair - exact).abs().max() < (single - exact).abs().max() / 8  # the second int4 layer holds the rest
 
 
 def test_quantize_model_replaces_every_linear_and_unties_the_head():
@@ -91,7 +96,7 @@ def test_quantize_model_replaces_every_linear_and_unties_the_head():
                                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
     linears = sum(type(m) is torch.nn.Linear for m in model.modules())
     assert quantize_model(model, "int4", torch.float32) == linears
-    assert type(model.get_output_embeddings()) is Int8Linear  # the head is int8 whatever the layers are
+    assert type(model.get_output_embeddings()) is Int4PairLinear  # the head is an int4 pair whatever the layers are
     assert type(model.model.layers[0].mlp.up_proj) is Int4Linear and not model.config.tie_word_embeddings
     with torch.no_grad():
         assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 64)
