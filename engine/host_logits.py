@@ -21,9 +21,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from engine.quantized_linear import DenseLinear, Int4Linear, Int8Linear
+from engine.quantized_linear import DenseLinear, Int4Linear, Int4PairLinear, Int8Linear
 
-QUANTIZED = (Int8Linear, Int4Linear, DenseLinear)
+QUANTIZED = (Int8Linear, Int4Linear, Int4PairLinear, DenseLinear)
 
 ATTRIBUTE = "host_rows"
 MOST_ROWS = 256  # rows of one pass (the batch, not the prompt tokens); a larger pass is not buffered

@@ -86,9 +86,30 @@ def test_arming_holds_for_its_own_thread_and_for_passes_it_buffers(tiny_model):
     assert not np.shares_memory(got["logits"].numpy(), mine.numpy())
 
 
-def test_only_a_plain_float32_cpu_linear_head_is_buffered(tiny_model):
-    half = copy.deepcopy(tiny_model).to(torch.bfloat16)
-    assert HostLogits.install(half) is None
+def test_a_bfloat16_or_quantized_head_writes_float32_rows_and_another_head_none(tiny_model):
+    """A head in bfloat16, or quantized (engine/quantized_linear.py), writes float32 rows too: the
+    masker and the pick read float32 (a bfloat16 head was left unbuffered before, and its logits
+    reached them in bfloat16)."""
+    from engine.quantized_linear import quantize_model
+
+    ids = torch.tensor([[5, 6, 7]])
+    for model in (copy.deepcopy(tiny_model).to(torch.bfloat16), copy.deepcopy(tiny_model)):
+        if model.dtype == torch.float32:
+            quantize_model(model, "int8", torch.float32)
+        with torch.no_grad():
+            plain = model(ids, use_cache=False).logits[0]
+        host = HostLogits.install(model)
+        host.arm(True)
+        try:
+            with torch.no_grad():
+                rows = host.rows(model(ids, use_cache=False).logits)
+        finally:
+            host.arm(False)
+        assert host_rows(rows) is not None and rows.dtype == torch.float32
+        torch.testing.assert_close(rows, plain.float())
+    other = copy.deepcopy(tiny_model)
+    other.lm_head = torch.nn.Sequential(other.lm_head)
+    assert HostLogits.install(other) is None
 
 
 def test_a_copied_model_gets_a_wrapper_of_its_own(tiny_model):

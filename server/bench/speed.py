@@ -8,34 +8,27 @@ fidelity (issue 54's targets), in one run, contenders interleaved round by round
 - 8 concurrent requests: aggregate decode tok/s over maskd's own batch 1;
 - mask share: the ConstraintMasker's time over the step time of 8 rows under a JSON schema;
 - fidelity: perplexity on server/bench/data/fidelity.txt and greedy agreement (first 16 tokens) on
-  50 prompts, float32 against bfloat16 matmuls and against the precision `auto` picks;
+  50 prompts, float32 against bfloat16 matmuls and against the precision `auto` picks
+  (server/bench/fidelity.py);
 - startup and memory: `maskd serve` until /health answers and its resident memory then, against
   the float32 eager engine of before (dtype float32, quantization none, --no-compile) and against a
-  llama-cpp-python process holding the same model.
+  llama-cpp-python process holding the same model (server/bench/footprint.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import math
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from server.bench.context import BenchContext
+from server.bench.fidelity import TEXT, fidelity
+from server.bench.footprint import before_registry, llama_rss_mb, serve
 
-TEXT = Path(__file__).resolve().parent / "data" / "fidelity.txt"
-SUBJECTS = ("the sea", "a library", "bread", "rain", "a train", "the moon", "chess", "a garden", "music", "winter")
-FORMS = ("Write one sentence about {}.", "Tell me a fact about {}.", "{} is", "Describe {} in a few words.",
-         "A short poem about {}:")
-PROMPTS = [form.format(subject) for subject in SUBJECTS for form in FORMS]  # 50
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "story": {"type": "string"}},
           "required": ["name", "story"], "additionalProperties": False}
 
@@ -69,106 +62,6 @@ def _decode_rate(results) -> float:
     start = min(r[0] for r in results)
     end = max(r[1] for r in results)
     return sum(r[2] - 1 for r in results) / (end - start)
-
-
-def _perplexity_and_greedy(model, tokenizer, prompts) -> tuple[float, list[list[int]]]:
-    with torch.inference_mode():
-        ids = torch.tensor([tokenizer(TEXT.read_text())["input_ids"]])
-        logits = model(input_ids=ids).logits.float()
-        nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
-        greedy = []
-        for text in prompts:
-            x = torch.tensor([tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                            add_generation_prompt=True, return_dict=True)["input_ids"]])
-            out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16,
-                                 pad_token_id=tokenizer.eos_token_id)
-            greedy.append(out[0, x.shape[1]:].tolist())
-    return math.exp(nll), greedy
-
-
-def fidelity(ctx: BenchContext, progress) -> dict:
-    from engine import precision
-    from engine.model_loader import load_model
-    from engine.registry import load_registry
-
-    spec = load_registry(ctx.models).get(ctx.model)
-    plain = copy.copy(spec)
-    object.__setattr__(plain, "dtype", "float32")
-    object.__setattr__(plain, "quantization", "none")
-    loaded = load_model(plain, "cpu")
-    prompts = PROMPTS[:2] if ctx.tiny else PROMPTS
-    base_ppl, base = _perplexity_and_greedy(loaded.model, loaded.tokenizer, prompts)
-    gguf = "/".join(spec.locate()) if spec.locate()[1] else None
-    rows = [{"precision": "float32", "perplexity": base_ppl, "x float32": 1.0, "greedy equal": 1.0}]
-    for label, dtype, quantization in (("bfloat16 matmuls", "bfloat16", "none"), ("auto", spec.dtype, spec.quantization)):
-        chosen = precision.choose(spec.name, dtype, quantization, torch.device("cpu"), gguf)
-        model = copy.deepcopy(loaded.model)
-        precision.apply(model, chosen)
-        ppl, greedy = _perplexity_and_greedy(model, loaded.tokenizer, prompts)
-        rows.append({"precision": f"{label}: {chosen.describe()}", "perplexity": ppl, "x float32": ppl / base_ppl,
-                     "greedy equal": sum(a == b for a, b in zip(greedy, base)) / len(prompts)})
-        progress.update(1)
-    return {"rows": rows, "prompts": len(prompts)}
-
-
-def _serve(ctx: BenchContext, extra: list[str], registry: str | None) -> dict:
-    """Starts `maskd serve`, times it until /health answers, reads its resident memory, stops it."""
-    import httpx
-
-    from server.bench.live_server import _free_port
-
-    port = _free_port()
-    command = [sys.executable, "-m", "server.cli", *(["--models", registry] if registry else []), "serve",
-               "--port", str(port), "--log-level", "warning", *(["--model", ctx.model] if ctx.model else []), *extra]
-    started = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while time.perf_counter() - started < 1800:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        seconds = time.perf_counter() - started
-        httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=600,
-                   json={"prompt": "Hello", "max_tokens": 16, "temperature": 0})
-        return {"seconds": seconds, "rss_mb": _rss_mb(proc.pid)}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _llama_rss(gguf: str) -> float:
-    from engine.omp_team import cores
-
-    code = (f"import llama_cpp, pathlib; m = llama_cpp.Llama({gguf!r}, n_ctx=4096, n_threads={cores()}, verbose=False); "
-            "list(m.generate(m.tokenize(b'Hello'), temp=0))[:0]; "
-            "[print(l.split()[1]) for l in pathlib.Path('/proc/self/status').read_text().splitlines() if l.startswith('VmRSS:')]")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    return int(out.stdout.split()[-1]) / 1024
-
-
-def _before_registry(ctx: BenchContext) -> str:
-    """A registry whose model is the one benchmarked, at float32 and unquantized (the engine before)."""
-    import yaml
-
-    from engine.registry import load_registry
-
-    registry = load_registry(ctx.models)
-    spec = registry.get(ctx.model)
-    entry = {k: v for k, v in vars(spec).items() if v is not None}
-    entry.update(dtype="float32", quantization="none")
-    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    yaml.safe_dump({"default": spec.name, "models": [entry]}, handle)
-    handle.close()
-    return handle.name
 
 
 def run(ctx: BenchContext, progress) -> dict:
@@ -231,15 +124,15 @@ def run(ctx: BenchContext, progress) -> dict:
     empty = {"seconds": float("nan"), "rss_mb": float("nan")}
     start_now = start_before = empty  # the test's --tiny run starts no servers
     if not ctx.tiny:
-        before = _before_registry(ctx)
+        before = before_registry(ctx)
         try:
-            start_now = _serve(ctx, [], ctx.models)
+            start_now = serve(ctx, [], ctx.models)
             bar.update(1)
-            start_before = _serve(ctx, ["--no-compile"], before)
+            start_before = serve(ctx, ["--no-compile"], before)
             bar.update(1)
         finally:
             os.unlink(before)
-    llama_rss = _llama_rss(f"{where}/{gguf}") if llama is not None and gguf and not ctx.tiny else None
+    llama_rss = llama_rss_mb(f"{where}/{gguf}") if llama is not None and gguf and not ctx.tiny else None
     bar.update(1)
     bar.close()
     if llama is not None:
@@ -274,7 +167,27 @@ def run(ctx: BenchContext, progress) -> dict:
                             ["llama-cpp-python, same GGUF", "-", f"{llama_rss:.0f}" if llama_rss else "-"]]}
     notes = [] if llama is not None else [f"llama-cpp-python not measured: {why}"]
     return {"runs": runs, "medians": medians, "ratios": ratios, "fidelity": fid, "startup": [start_now, start_before],
-            "llama_rss_mb": llama_rss, "tables": [table, fid_table, start_table], "notes": notes}
+            "llama_rss_mb": llama_rss, "tables": [targets(ratios, fid), table, fid_table, start_table], "notes": notes}
+
+
+def targets(ratios: dict, fid: dict) -> dict:
+    """Issue 54's targets against this run's measures."""
+    keys = list(ratios)
+    bf16, auto = fid["rows"][1], fid["rows"][2]
+    rows = [("batch-1 decode / llama-cpp-python", ">= 1.0", ratios[keys[0]], lambda v: v >= 1.0),
+            ("prefill / llama-cpp-python", ">= 1.0", ratios[keys[1]], lambda v: v >= 1.0),
+            ("8 concurrent / own batch 1", ">= 4.0", ratios[keys[2]], lambda v: v >= 4.0),
+            ("mask share of an 8-way step", "<= 2%", ratios[keys[3]], lambda v: v <= 0.02),
+            ("perplexity, bfloat16 matmuls / float32", "<= 1.03", bf16["x float32"], lambda v: v <= 1.03),
+            ("perplexity, auto / float32", "<= 1.08", auto["x float32"], lambda v: v <= 1.08),
+            ("greedy 16 tokens equal, bfloat16 matmuls", ">= 80%", bf16["greedy equal"], lambda v: v >= 0.8),
+            ("startup until /health / float32 eager", "<= 2.0", ratios[keys[4]], lambda v: v <= 2.0),
+            ("resident memory / llama-cpp-python", "<= 1.5", ratios[keys[5]], lambda v: v <= 1.5)]
+    return {"title": "Issue 54's targets in this run",
+            "columns": ["target", "bound", "measured", "met"],
+            "rows": [[name, bound, "-" if value is None or value != value else f"{value:.3g}",
+                      "-" if value is None or value != value else ("yes" if ok(value) else "no")]
+                     for name, bound, value, ok in rows]}
 
 
 class _StepTimes:
