@@ -51,7 +51,7 @@ def llama_rss_mb(gguf: str) -> float:
     from engine.omp_team import cores
 
     code = (f"import llama_cpp, pathlib; m = llama_cpp.Llama({gguf!r}, n_ctx=4096, n_threads={cores()}, verbose=False); "
-            "list(m.generate(m.tokenize(b'Hello'), temp=0))[:0]; "
+            "m.create_completion('Hello', max_tokens=16, temperature=0); "
             "[print(l.split()[1]) for l in pathlib.Path('/proc/self/status').read_text().splitlines() if l.startswith('VmRSS:')]")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     return int(out.stdout.split()[-1]) / 1024
