@@ -19,9 +19,9 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 
 class ModelRunner:
-    """Passes where every row feeds one token go through the lean DecodeStep (compiled once the
-    StepCompiler has it ready, eager until then); every other pass is packed through the model's
-    own forward (engine/slot_attention.py). `decode=False` sends every pass packed."""
+    """Passes where every row feeds one token go through the lean DecodeStep (the StepCompiler's
+    compiled step where the engine has one, eager otherwise); every other pass is packed through the
+    model's own forward (engine/slot_attention.py). `decode=False` sends every pass packed."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, decode: bool = True,
                  compiler: StepCompiler | None = None):
@@ -41,8 +41,9 @@ class ModelRunner:
         """Feeds tokens[b] to slot rows[b] (prompt chunks, one sampled token, or a sampled token and
         the run the grammar forced after it; [] for a slot that does not step), all in one pass.
         Returns float32 logits [B, V] of each slot's last new token (rows that fed nothing get
-        meaningless logits). decode=False: packed even where every row feeds one token. On CPU these are the engine's own rows (engine/host_logits.py), which
-        the next pass overwrites: read within the step."""
+        meaningless logits). decode=False: packed even where every row feeds one token. On CPU
+        these are the engine's own rows (engine/host_logits.py), which the next pass overwrites:
+        read within the step."""
         host = self.host
         if host is not None:
             host.arm(True)
