@@ -75,7 +75,7 @@ class ModelRunner:
         ids = [tokens[b][0] for b in fed]
         slot_ids, positions, width = slots.begin_decode([rows[b] for b in fed], bucket)
         ids = torch.tensor(ids + [ids[-1]] * (bucket - n), dtype=torch.long).to(self.device, non_blocking=True)
-        step = self.compiler.ready(bucket, slots.allocated[0]) if self.compiler is not None else None
+        step = self.compiler.compiled if self.compiler is not None else None
         args = (ids, positions, slot_ids, slots.keys, slots.values, width)
         try:
             try:

@@ -93,7 +93,8 @@ class Int4PairLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, compute: torch.dtype):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        plain = torch.nn.Linear(linear.in_features, linear.out_features, bias=False)  # the bias is added once, here
+        plain = torch.nn.utils.skip_init(torch.nn.Linear, linear.in_features, linear.out_features,
+                                         bias=False)  # only its sizes are read; the bias is added once, here
         coarse = int4_parts(linear.weight, compute)
         self.coarse = Int4Linear(plain, compute, coarse)
         self.fine = Int4Linear(plain, compute, int4_parts(linear.weight.detach().float() - coarse[2], compute))
@@ -138,8 +139,8 @@ def _fuse(parent: torch.nn.Module, kind: str, compute: torch.dtype) -> None:
         layers = [getattr(parent, part, None) for part in parts]
         if not all(type(layer) is torch.nn.Linear for layer in layers):
             continue
-        joined = torch.nn.Linear(layers[0].in_features, sum(layer.out_features for layer in layers),
-                                 bias=layers[0].bias is not None)
+        joined = torch.nn.utils.skip_init(torch.nn.Linear, layers[0].in_features,  # no random init: overwritten
+                                          sum(layer.out_features for layer in layers), bias=layers[0].bias is not None)
         with torch.no_grad():
             joined.weight.copy_(torch.cat([layer.weight for layer in layers]))
             if joined.bias is not None:

@@ -45,14 +45,10 @@ class StepCompiler:
         self.dtype, self.device = dtype, device
         self.cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
         self.layer = None  # the compiled DecodeStep._layer
-        self.compiled = None  # the step running it, once every class is compiled
+        self.compiled = None  # the step running it (a callable as DecodeStep's), once every class is compiled
         self.seconds: float | None = None  # how long the compile took, once done
         self.error: str | None = None
         self.fallbacks = 0  # passes the compiled step refused (a shape it was not compiled for)
-
-    def ready(self, rows: int, slots: int):
-        """The compiled step (a callable as DecodeStep's) once it is compiled, else None."""
-        return self.compiled
 
     def run(self) -> None:
         """Compiles every class, on a thread computing on as many threads as the engine's will (the
