@@ -166,35 +166,32 @@ class LLGuidancePeer(HFPeer):
 
 
 class LlamaCppPeer:
-    """llama.cpp on the GGUF file maskd loaded; ``made`` is a LlamaGrammar, or None."""
+    """llama.cpp on the GGUF file maskd loaded, in a process of its own (server/bench/llama_process.py);
+    ``made`` is the index of a grammar that process compiled, or None."""
 
     def __init__(self, stack) -> None:
         where, gguf = stack.loaded.spec.locate()
         if gguf is None:
             raise RuntimeError(f"the model {stack.loaded.name} is not a GGUF file")
-        from llama_cpp import Llama
-
         from engine.omp_team import cores
+        from server.bench.llama_process import LlamaProcess
 
-        threads = cores()  # as many as maskd's forward passes use
-        self.llm = Llama(model_path=f"{where}/{gguf}", n_ctx=4096, n_threads=threads, n_threads_batch=threads,
-                         seed=0, verbose=False)
-        self.eos = set(stack.engine.eos_token_ids) | {self.llm.token_eos()}
+        self.llm = LlamaProcess(f"{where}/{gguf}", cores())  # as many threads as maskd's forward passes use
+        self.eos = set(stack.engine.eos_token_ids) | {self.llm.call("eos")}
 
     def compile(self, schema: dict):
-        from llama_cpp import LlamaGrammar
-
-        return LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+        return self.llm.call("compile", json.dumps(schema))
 
     def generate(self, made, prompt_ids: list[int], max_new_tokens: int,
                  ignore_eos: bool = False) -> tuple[list[int], list[float]]:
-        ids, times = [], []
-        for token in self.llm.generate(prompt_ids, temp=0.0, grammar=made):
-            times.append(time.perf_counter())
-            ids.append(token)
-            if len(ids) >= max_new_tokens or (token in self.eos and not ignore_eos):
-                break
-        return ids, times
+        return self.llm.call("generate", made, list(prompt_ids), max_new_tokens, ignore_eos, self.eos)
+
+    def prefill(self, prompt_ids: list[int]) -> float:
+        """Seconds llama.cpp takes to evaluate the prompt from an empty context."""
+        return self.llm.call("prefill", list(prompt_ids))
+
+    def rss_mb(self) -> float:
+        return self.llm.call("rss_mb")
 
     def close(self) -> None:
         self.llm.close()

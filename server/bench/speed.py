@@ -94,10 +94,7 @@ def run(ctx: BenchContext, progress) -> dict:
         runs.setdefault(f"maskd prefill, {prefill} tokens", []).append(prefill / (first - submitted))
         if llama is not None:
             prompt = torch.randint(100, tokenizer.vocab_size - 100, (prefill,), generator=g).tolist()
-            llama.llm.reset()
-            started = time.perf_counter()
-            llama.llm.eval(prompt)
-            runs.setdefault(f"llama-cpp-python prefill, {prefill} tokens", []).append(prefill / (time.perf_counter() - started))
+            runs.setdefault(f"llama-cpp-python prefill, {prefill} tokens", []).append(prefill / llama.prefill(prompt))
         bar.update(1)
         prompts = [chat[:-1] + [chat[-1]] for _ in range(8)]
         runs.setdefault("maskd decode, 8 concurrent (aggregate)", []).append(
