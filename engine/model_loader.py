@@ -51,6 +51,19 @@ def pick_precision(spec: ModelSpec, device: torch.device, tp: int = 1,
     return chosen
 
 
+def _give_back_freed() -> None:
+    """Returns the heap the load freed to the system (glibc keeps it otherwise): the float32 copy a
+    GGUF dequantizes to, and the layers quantization replaced. SmolLM2: resident 1,132 -> 717 MB."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if sys.platform.startswith("linux") and name:
+        libc = ctypes.CDLL(name)
+        if hasattr(libc, "malloc_trim"):  # glibc's; musl has none
+            libc.malloc_trim(0)
+
+
 def eos_ids_of(model, tokenizer) -> frozenset[int]:
     ids = set()
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -95,6 +108,7 @@ def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = Fal
         model.to(target)
         precisions.apply(model, chosen)
     model.eval()
+    _give_back_freed()
     if spec.chat_template:
         tokenizer.chat_template = spec.chat_template
     context = spec.context_length or getattr(model.config, "max_position_embeddings", 2048)

@@ -39,6 +39,12 @@ class Int8Linear(torch.nn.Module):
     def dequantized(self) -> torch.Tensor:
         return self.qweight.float() * self.scale.float()[:, None]  # [N, K]
 
+    def share(self, whole: Int8Linear, start: int) -> None:
+        """Reads its weight from `whole`'s rows [start, ...) where they hold the same numbers."""
+        view = whole.qweight[start:start + self.out_features]
+        if torch.equal(view, self.qweight) and torch.equal(whole.scale[start:start + self.out_features], self.scale):
+            self.qweight = view
+
 
 def int4_parts(weight: torch.Tensor, compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """weight [N, K] in groups of 32 along K, min-max: (packed for the kernel, scale and zero
@@ -69,7 +75,15 @@ class Int4Linear(torch.nn.Module):
     @staticmethod
     def fits(linear: torch.nn.Linear) -> bool:
         n, k = linear.weight.shape
-        return k % INT4_GROUP == 0 and n % 8 == 0
+        return k % INT4_GROUP == 0 and n % 16 == 0  # the packing's own bound
+
+    def share(self, whole: Int4Linear, start: int) -> None:
+        """Reads its packed weight from `whole`'s rows [start, ...) where they hold the same bytes (the
+        packing interleaves rows in blocks: a part whose rows do not start and end on a block's
+        edges packs differently)."""
+        view = whole.packed[start:start + self.out_features]
+        if torch.equal(view, self.packed):
+            self.packed = view
 
     def dequantized(self) -> torch.Tensor:
         """W [N, K] as the kernel reads it, in float32 (its scales and zeros are exact there)."""
@@ -118,10 +132,45 @@ class DenseLinear(torch.nn.Module):
         y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
+    def share(self, whole: DenseLinear, start: int) -> None:
+        """Reads its weight from `whole`'s rows [start, ...) (the same numbers)."""
+        self.weight = whole.weight[start:start + self.out_features]
+
 
 def _bias(linear: torch.nn.Linear) -> torch.nn.Parameter | None:
     """The bias, added in the layer's output dtype (the model's)."""
     return None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+
+class BlockInt8Embedding(torch.nn.Module):
+    """An embedding whose rows are int8 in blocks of 32 with a float32 scale each, the form of GGUF's
+    Q8_0 blocks; only made where it holds the table exactly (`of`), so a lookup gives the same
+    float32 numbers in about a quarter of the bytes."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = q.shape
+        self.register_buffer("q", q)  # [V, H] int8
+        self.register_buffer("scale", scale)  # [V, H / 32] float32
+
+    @staticmethod
+    def of(embedding: torch.nn.Module) -> BlockInt8Embedding | None:
+        """The exact int8 form of a plain float32 nn.Embedding, or None where it has none."""
+        if type(embedding) is not torch.nn.Embedding or embedding.weight.dtype != torch.float32 \
+                or embedding.embedding_dim % INT4_GROUP \
+                or embedding.max_norm is not None:  # (padding_idx only matters to training)
+            return None
+        w = embedding.weight.detach()
+        blocks = w.view(w.shape[0], -1, INT4_GROUP)  # [V, G, 32]
+        scale = blocks.abs().amax(dim=-1) / 127  # [V, G]: a Q8_0 block's largest value is +-127 scales
+        q = (blocks / scale.clamp(min=1e-30)[..., None]).round().clamp(-127, 127)
+        if not torch.equal(q * scale[..., None], blocks):
+            return None
+        return BlockInt8Embedding(q.to(torch.int8).view_as(w), scale)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.q[ids].view(*ids.shape, -1, INT4_GROUP).float() * self.scale[ids][..., None]
+        return rows.view(*ids.shape, self.embedding_dim)
 
 
 KINDS = {"int8": Int8Linear, "int4": Int4Linear, "none": DenseLinear}
@@ -131,10 +180,14 @@ HEADS = {"int8": Int4PairLinear, "int4": Int4PairLinear, "none": DenseLinear}
 FUSED = (("maskd_qkv", ("q_proj", "k_proj", "v_proj")), ("maskd_gate_up", ("gate_proj", "up_proj")))
 
 
-def _fuse(parent: torch.nn.Module, kind: str, compute: torch.dtype) -> None:
-    """Beside sibling projections that read the same input (q, k, v; gate, up), one layer of them
-    all, rows stacked, for the decode step (engine/decode_step.py): one kernel call instead of
-    three or two. Each row is quantized as in its own layer, so the outputs are the same numbers."""
+def _fuse(parent: torch.nn.Module, kind: str, compute: torch.dtype) -> int:
+    """Sibling projections that read the same input (q, k, v; gate, up) become one layer of them
+    all, rows stacked, for the decode step (engine/decode_step.py): one kernel call instead of three
+    or two. Each row is quantized as in a layer of its own, so the outputs are the same numbers; the
+    siblings stay (the packed pass calls them), each reading its weight from the joined layer's rows
+    where they are the same bytes (`share`), so the weights are mostly held once. Returns how many
+    siblings it replaced."""
+    replaced = 0
     for name, parts in FUSED:
         layers = [getattr(parent, part, None) for part in parts]
         if not all(type(layer) is torch.nn.Linear for layer in layers):
@@ -146,23 +199,32 @@ def _fuse(parent: torch.nn.Module, kind: str, compute: torch.dtype) -> None:
             if joined.bias is not None:
                 joined.bias.copy_(torch.cat([layer.bias for layer in layers]))
         cls = KINDS[kind]
-        if cls is Int4Linear and not Int4Linear.fits(joined):
+        if cls is Int4Linear and not all(Int4Linear.fits(layer) for layer in [joined, *layers]):
             cls = Int8Linear
-        setattr(parent, name, cls(joined, compute))
+        fused = cls(joined, compute)
+        setattr(parent, name, fused)
+        start = 0
+        for part, layer in zip(parts, layers):
+            sibling = cls(layer, compute)
+            sibling.share(fused, start)
+            setattr(parent, part, sibling)
+            start += layer.out_features
+            replaced += 1
+    return replaced
 
 
 def quantize_model(model: torch.nn.Module, kind: str, compute: torch.dtype) -> int:
     """Replaces the decoder's Linear layers with `kind` ("int8", "int4", or "none": dense) layers
     computing in `compute`, and the output head with an Int4PairLinear where the layers are quantized
     (the logits are the most sensitive product: plain int4 there cost SmolLM2 4% of perplexity); a
-    layer int4 cannot hold (its sizes) becomes int8. Sibling projections also get a fused copy
-    (`_fuse`).
-    The input embedding stays as it is (a lookup reads one row, not the matrix). Returns how many
-    layers were replaced. Weights tied between head and embedding are untied: the head gets its own."""
+    layer int4 cannot hold (its sizes) becomes int8. Sibling projections are joined (`_fuse`).
+    The input embedding (a lookup reads one row, not the matrix) becomes int8 blocks only where they
+    hold it exactly (a GGUF's Q8_0 table: SmolLM2's 108 MB in 30). Returns how many linear layers
+    were replaced. Weights tied between head and embedding are untied: the head gets its own."""
     replaced = 0
     head = model.get_output_embeddings()
     for parent in list(model.modules()):
-        _fuse(parent, kind, compute)
+        replaced += _fuse(parent, kind, compute)
         for name, child in list(parent.named_children()):
             if type(child) is not torch.nn.Linear:
                 continue
@@ -173,4 +235,8 @@ def quantize_model(model: torch.nn.Module, kind: str, compute: torch.dtype) -> i
             replaced += 1
     if head is not None and getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False  # the head is a quantized copy now
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    exact = BlockInt8Embedding.of(embedding) if embedding is not None else None
+    if exact is not None:
+        model.set_input_embeddings(exact)
     return replaced

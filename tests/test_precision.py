@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine import precision
 from engine.model_loader import load_model
-from engine.quantized_linear import Int4Linear, Int4PairLinear, Int8Linear, quantize_model
+from engine.quantized_linear import BlockInt8Embedding, Int4Linear, Int4PairLinear, Int8Linear, quantize_model
 from engine.registry import ModelSpec, RegistryError, load_registry
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -136,3 +136,34 @@ def test_smollm2_stays_faithful_at_bf16_and_at_the_quantization_auto_picks():
     precision.apply(quantized, chosen)
     ppl, _ = _perplexity_and_greedy(quantized, loaded.tokenizer)
     assert chosen.quantization == "int4" and ppl <= 1.08 * base_ppl
+
+
+def test_an_embedding_on_q8_0_blocks_is_held_as_int8_and_looks_up_the_same_numbers():
+    embedding = torch.nn.Embedding(50, 64, padding_idx=2)
+    with torch.no_grad():  # Q8_0 blocks: int8 levels times one fp16 scale per 32 values
+        scale = (torch.rand(50, 2, 1) * 0.01 + 1e-3).half().float()
+        levels = torch.randint(-127, 128, (50, 2, 32)).float()
+        levels[..., 0] = 127  # the block's largest magnitude is the scale's 127 steps, as Q8_0 makes them
+        embedding.weight.copy_((levels * scale).view(50, 64))
+    ids = torch.tensor([[0, 2, 49], [7, 7, 1]])
+    exact = BlockInt8Embedding.of(embedding)
+    assert exact is not None and exact.q.dtype == torch.int8
+    assert torch.equal(exact(ids), embedding(ids))
+    with torch.no_grad():
+        embedding.weight.add_(torch.randn(50, 64) * 1e-4)  # off the grid: kept as it is
+    assert BlockInt8Embedding.of(embedding) is None
+
+
+def test_joined_projections_hold_their_siblings_weights_once():
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=64))
+    quantize_model(model, "int4", torch.float32)
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    x = torch.randn(3, 128)
+    joined = attention.maskd_qkv(x)
+    assert torch.equal(joined, torch.cat([attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)], dim=-1))
+    assert torch.equal(mlp.maskd_gate_up(x), torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1))
+    # 64-row parts on the packing's block edges read the joined layer's bytes
+    base = attention.maskd_qkv.packed.untyped_storage().data_ptr()
+    assert attention.k_proj.packed.untyped_storage().data_ptr() == base
+    assert mlp.up_proj.packed.untyped_storage().data_ptr() == mlp.maskd_gate_up.packed.untyped_storage().data_ptr()
