@@ -18,7 +18,7 @@ _EXPORTS = {
     "json_object_regex": "grammars.json_schema",
     "JSON_OBJECT_REGEX": "grammars.json_schema",
     "UNSUPPORTED_KEYWORDS": "grammars.json_schema",
-    "CompiledGrammar": "grammars.compiled_grammar",
+    "CompiledGrammar": "grammars.grammar",
     "GrammarCompiler": "grammars.compiler",
     "Matcher": "grammars.matcher",
     "allocate_token_bitmask": "grammars.bitmask",

@@ -1,4 +1,7 @@
-"""CompiledGrammar: an immutable token index for one regex over one vocabulary.
+"""GrammarCore: an immutable token index for one regex over one vocabulary, with its masks.
+
+grammars/grammar.py's CompiledGrammar is this with its matchers (the cursors sit above it, so
+nothing here imports them).
 
 Shared by every request using the same grammar.  Per-state allowed-token bitmasks are
 memoised here on first use (one int32 row of ceil(size/32) words per visited state),
@@ -22,15 +25,14 @@ from grammars.free_values import HOLE_REGEX
 from grammars.plain_tokens import plain_tokens
 from grammars.second_ask import SecondAsk
 from grammars.sparse_mask import SparseMask, allowed_sparse, changed, sparse_mask
-from grammars.unit_index import IndexCursor, TokenIndex
+from grammars.unit_index import NO_TOKEN, IndexCursor, TokenIndex
 from grammars.vocabulary import TokenVocabulary
 
-NO_TOKEN = -1
 _UNSEEN, _SEEN_ONCE = object(), object()  # states whose SparseMask is not built yet
 
 
-class CompiledGrammar:
-    """Index + regex + vocabulary; call ``matcher()`` for a per-request matcher."""
+class GrammarCore:
+    """Index + regex + vocabulary, and the masks of its states."""
 
     __slots__ = ("index", "regex", "vocabulary", "key", "width", "budget", "_masks", "_sparse", "_single",
                  "_count", "_budget_masks", "_budget_sparse", "_kept", "nothing_allowed", "approx_bytes", "_holes",
@@ -83,17 +85,6 @@ class CompiledGrammar:
                     lists += mask.array.nbytes
             self._held[:] = [sizes, 4 * self.width * rows + lists]
         return self.approx_bytes + self._held[1] + holes
-
-    def matcher(self, max_rollback: int = 4096):
-        """A fresh per-request matcher at the initial state (a HoleMatcher where the regex has holes
-        for free-form values, filled by the vocabulary's JSON-value automaton)."""
-        from grammars.matcher import Matcher
-
-        if not self.has_holes:
-            return Matcher(self, max_rollback=max_rollback)
-        from grammars.hole_matcher import HoleMatcher
-
-        return HoleMatcher(self, self.hole_tables(), max_rollback=max_rollback)
 
     @property
     def has_holes(self) -> bool:

@@ -35,7 +35,7 @@ from grammars.background import Background
 from grammars.cache_version import UNIT_VERSION
 from grammars.compile_futures import CompileFutures
 from grammars.compile_worker import CompileWorker
-from grammars.compiled_grammar import CompiledGrammar
+from grammars.grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
 from grammars.grammar_memory import FailureMemory, GrammarLRU
 from grammars.narrowed_ahead import warm_budget_cuts, warm_narrowed

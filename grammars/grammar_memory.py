@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from grammars.compiled_grammar import CompiledGrammar
+from grammars.grammar import CompiledGrammar
 from grammars.errors import GrammarError
 
 FAILURE_MEMORY_S = 60.0  # how long a failed compile is answered from memory, not tried again

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
+from grammars.compiled_grammar import GrammarCore
 from grammars.errors import GrammarError
 from grammars.sparse_mask import SparseMask
-from grammars.unit_index import IndexCursor
+from grammars.unit_index import NO_TOKEN, IndexCursor
 
 _FORCED_LIMIT = 256
 
@@ -31,7 +31,7 @@ class Matcher:
 
     __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced", "_here")
 
-    def __init__(self, grammar: CompiledGrammar, max_rollback: int = 4096) -> None:
+    def __init__(self, grammar: GrammarCore, max_rollback: int = 4096) -> None:
         self.grammar = grammar
         # headroom so forced() can walk ahead and come back
         self._guide = IndexCursor(grammar.index, max_rollback + _FORCED_LIMIT)

@@ -20,7 +20,7 @@ import torch
 
 from grammars.errors import GrammarError
 from grammars.sparse_mask import few_allowed
-from grammars.tool_grammar import ToolTokens
+from grammars.tool_grammar import ToolGrammar, ToolTokens, tool_tokens
 from grammars.trigger_mask import TriggerMasks
 from grammars.unit_union import UnitUnion
 
@@ -290,3 +290,14 @@ def _brace_tokens(vocabulary) -> tuple[int, ...]:
 def _bit(position: int) -> int:
     """The int32 value with only bit `position` set (bit 31 is the sign bit)."""
     return (1 << position) - (1 << 32 if position == 31 else 0)
+
+
+def compile_tool_constraint(grammar: ToolGrammar, compiler, tokenizer, required: bool, trigger=None):
+    """A ready ToolCallConstraint for ``grammar``, its units compiled now (tests, benchmarks; the
+    server submits the units and attaches them when they are done, see server/tool_calls.py)."""
+    units = UnitUnion([compiler.compile_regex(regex) for regex in grammar.units])
+    later = UnitUnion([compiler.compile_regex(regex) for regex in grammar.next_units]) \
+        if grammar.next_units != grammar.units else None
+    tokens = tool_tokens(tokenizer, grammar.open, grammar.close, grammar.separator, grammar.end)
+    return ToolCallConstraint(tokens, required, compiler.vocabulary, trigger=trigger,
+                              bare_object_at_start=grammar.bare_object_at_start, units=units, later_units=later)

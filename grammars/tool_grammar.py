@@ -77,17 +77,3 @@ def tool_tokens(tokenizer, open_text: str, close_text: str, separator: str | Non
     following = "" if end else open_text
     return ToolTokens(open=encode(open_text), close=encode(close_text),
                       separator=encode(separator + following) if separator is not None else None, end=encode(end))
-
-
-def compile_tool_constraint(grammar: ToolGrammar, compiler, tokenizer, required: bool, trigger=None):
-    """A ready ToolCallConstraint for ``grammar``, its units compiled now (tests, benchmarks; the
-    server submits the units and attaches them when they are done, see server/tool_calls.py)."""
-    from grammars.tool_constraint import ToolCallConstraint
-    from grammars.unit_union import UnitUnion
-
-    units = UnitUnion([compiler.compile_regex(regex) for regex in grammar.units])
-    later = UnitUnion([compiler.compile_regex(regex) for regex in grammar.next_units]) \
-        if grammar.next_units != grammar.units else None
-    tokens = tool_tokens(tokenizer, grammar.open, grammar.close, grammar.separator, grammar.end)
-    return ToolCallConstraint(tokens, required, compiler.vocabulary, trigger=trigger,
-                              bare_object_at_start=grammar.bare_object_at_start, units=units, later_units=later)

@@ -18,6 +18,7 @@ import numpy as np
 
 from grammars.plain_tokens import PlainTokens
 
+NO_TOKEN = -1  # no single token (a state that allows none or several)
 _DICT_MAX = 1024  # a state's transitions become a dict up to this many, else they are searched
 _BIG = object()  # marks a state searched in its arrays
 

@@ -23,9 +23,10 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from grammars.compiled_grammar import NO_TOKEN, CompiledGrammar
+from grammars.grammar import CompiledGrammar
 from grammars.errors import GrammarError
 from grammars.sparse_mask import SparseMask, allowed_sparse, changed, sparse_mask
+from grammars.unit_index import NO_TOKEN
 
 _UNION_CACHE: OrderedDict[tuple, tuple[torch.Tensor, SparseMask | None] | object] = OrderedDict()
 _UNION_CACHE_SIZE = 1024  # rows (6 KB each on a 49k vocabulary, 32 KB on 262k)

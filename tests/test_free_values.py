@@ -12,7 +12,8 @@ from grammars import schema_to_regex
 from grammars.free_values import HOLE_REGEX
 from grammars.hole_matcher import HoleMatcher
 from grammars.tool_formats import get_tool_format
-from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+from grammars.tool_constraint import compile_tool_constraint
+from grammars.tool_grammar import tool_grammar
 
 SCHEMA = {"type": "object", "properties": {
     "query": {"type": "string", "maxLength": 10},

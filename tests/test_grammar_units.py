@@ -10,7 +10,8 @@ from grammar_fixtures import allowed, shared_compiler, smollm2_tokenizer, smollm
 from grammars import schema_to_regex
 from grammars.tool_formats import get_tool_format
 from grammars.tool_formats.call_regex import call_alternatives
-from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+from grammars.tool_constraint import compile_tool_constraint
+from grammars.tool_grammar import tool_grammar
 from grammars import unit_union
 from grammars.unit_union import UnitUnion
 

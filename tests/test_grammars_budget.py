@@ -15,7 +15,7 @@ from grammar_fixtures import decode_within, rigged_logits
 from grammars import budget as budget_module
 from grammars.budget import build_budget_table, budget_table_from_transitions
 from grammars.unit_index import from_outlines
-from grammars.compiled_grammar import CompiledGrammar
+from grammars.grammar import CompiledGrammar
 from test_tool_constraint import allowed, check_calls, compiler, make, vocab  # noqa: F401 - fixtures
 
 SAMPLED = SamplingParams(temperature=1.0)  # the masker writes a sampled row's mask into its logits

@@ -11,7 +11,8 @@ from grammars import schema_to_regex
 from grammars.json_value_matcher import JsonValueMatcher
 from grammars.second_ask import SecondAsk
 from grammars.sparse_mask import sparse_mask
-from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+from grammars.tool_constraint import compile_tool_constraint
+from grammars.tool_grammar import tool_grammar
 from grammars.unit_union import _UNION_CACHE
 
 SCHEMA = {"type": "object", "properties": {
@@ -233,7 +234,7 @@ def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills(monkeypat
     at every budget that narrows them (up to a bound). Each is what fill(row, budget) allows there, and
     the first ask of a request there reads it."""
     import grammars.hole_matcher as hole_matcher
-    from grammars.compiled_grammar import CompiledGrammar
+    from grammars.grammar import CompiledGrammar
     from grammars.hole_matcher import HoleMatcher
     from grammars.hole_tables import _ENDINGS, _STACKS, HoleTables, value_at
     from grammars.narrowed_ahead import warm_narrowed
@@ -290,14 +291,14 @@ def test_a_units_budget_cuts_are_merged_with_the_grammar(monkeypatch):
     """grammars/narrowed_ahead.py warm_budget_cuts (GrammarCompiler runs it after each compile): the
     merged id lists of every state's budget cuts are made ahead, so a narrowed first ask near a
     budget's end merges nothing, and each is what fill(row, budget) allows."""
-    import grammars.compiled_grammar as compiled_grammar
     import grammars.sparse_mask as sparse_mask_module
+    from grammars.grammar import CompiledGrammar
     from grammars.narrowed_ahead import warm_budget_cuts
 
     compiled = shared_compiler().compile_json_schema({"type": "object", "properties": {
         "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}, "unit": {"enum": ["C", "F"]}},
         "required": ["city", "unit"], "additionalProperties": False})
-    grammar = compiled_grammar.CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key,
+    grammar = CompiledGrammar(compiled.index, compiled.regex, compiled.vocabulary, compiled.key,
                                                compiled.budget)
     assert warm_budget_cuts(grammar) > 10
     held = grammar.held_bytes()

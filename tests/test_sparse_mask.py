@@ -15,9 +15,10 @@ import numpy as np
 
 from grammars import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmasks, schema_to_regex
 from grammars.budget import ALLOWED, BANNED, NONE, build_budget_table, budget_table_from_transitions
-from grammars.compiled_grammar import CompiledGrammar
+from grammars.grammar import CompiledGrammar
 from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, rows_routine, sparse_mask
-from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+from grammars.tool_constraint import compile_tool_constraint
+from grammars.tool_grammar import tool_grammar
 from grammars.trigger_mask import trigger_masks
 
 SCHEMA = {  # a variant of test_grammars_matcher's, so its states are first built here

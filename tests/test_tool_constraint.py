@@ -9,7 +9,8 @@ import torch
 
 from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
 from grammars.tool_formats import get_tool_format
-from grammars.tool_grammar import compile_tool_constraint, tool_grammar
+from grammars.tool_constraint import compile_tool_constraint
+from grammars.tool_grammar import tool_grammar
 from grammars.trigger_mask import trigger_masks
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},

@@ -16,7 +16,7 @@ import torch
 
 from grammars import CompileTimeout, GrammarCompiler, GrammarError, UnsupportedSchemaError
 from grammars.compile_worker import CompileWorker
-from grammars.compiled_grammar import CompiledGrammar
+from grammars.grammar import CompiledGrammar
 from grammars.unit_index import from_outlines
 
 
