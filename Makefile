@@ -36,10 +36,10 @@ test: $(STAMP)
 MIN_VENV ?= .venv-min
 MIN_PY := $(MIN_VENV)/bin/python
 MIN_STAMP := $(MIN_VENV)/.maskd-min-installed
-MIN_TESTS := tests/test_model_families.py tests/test_slot_cache.py tests/test_scheduler.py tests/test_engine.py \
-	tests/test_kv_segment.py tests/test_sampling.py tests/test_grammars_json_schema.py \
-	tests/test_grammars_vocabulary.py tests/test_tool_constraint.py tests/test_json_value.py \
-	tests/test_mask_ahead.py
+MIN_TESTS := tests/engine/test_model_families.py tests/engine/test_slot_cache.py tests/engine/test_scheduler.py tests/engine/test_engine.py \
+	tests/engine/test_kv_segment.py tests/engine/test_sampling.py tests/grammars/test_grammars_json_schema.py \
+	tests/grammars/test_grammars_vocabulary.py tests/grammars/test_tool_constraint.py tests/grammars/test_json_value.py \
+	tests/engine/test_mask_ahead.py
 
 $(MIN_STAMP): ci/min-constraints.txt
 	$(PYTHON) -m venv $(MIN_VENV)

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from grammars.free_values import mark_free_values
+from grammars.schema.free_values import mark_free_values
 from server.bench.context import BenchContext, Sizes
 from server.bench.run import run_suite
 from server.bench.schemas import MASKBENCH, load_rows

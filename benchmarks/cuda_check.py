@@ -6,7 +6,7 @@ bf16, the engine's equivalence checks run on the device, then the engine-step be
     python benchmarks/cuda_check.py --save-tokenizer DIR   # the embedded tokenizer, for a GPU box
 
 Equivalence (greedy tokens through the Engine, stepped from this thread, integrity checked after
-every step; as tests/test_model_families.py and tests/test_slot_cache.py do on the CPU):
+every step; as tests/engine/test_model_families.py and tests/engine/test_slot_cache.py do on the CPU):
 - eight rows of different prompt lengths batched == each alone, and alone == plain transformers
   (a full forward per token, no cache);
 - a prefix-cache hit (a shared prefix, a conversation's next turn) == the same prompt missing;
@@ -76,7 +76,7 @@ SHAPES = {
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
                       rms_norm_eps=1e-5, rope_parameters=LLAMA3_ROPE, initializer_range=0.02),
-    # as tests/test_model_families.py's llama3: rope scaled past 32 positions; initializer_range 0.2
+    # as tests/engine/test_model_families.py's llama3: rope scaled past 32 positions; initializer_range 0.2
     # makes attention and logits peaked, so a wrong mask or position changes tokens
     "tiny": dict(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.2,
@@ -370,7 +370,7 @@ def check_batched(ctx, sizes: Sizes, say) -> list[dict]:
 
 
 def check_prefix(ctx, sizes: Sizes, say) -> list[dict]:
-    """As tests/test_model_families.py: a sibling sharing a long prefix, and the next turn of a
+    """As tests/engine/test_model_families.py: a sibling sharing a long prefix, and the next turn of a
     conversation (whose KV was cut out of a slot while a longer row ran beside it)."""
     n = sizes.new
     shared, first_tail, sibling_tail, turn_tail, long = prompts(sizes.prefix, ctx.prompt_vocab, seed=1)

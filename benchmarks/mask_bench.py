@@ -30,11 +30,11 @@ pick and is not counted. Five measures over the same steps:
                pooled: one pass's p99 is its ninth-worst step or so, and this machine's speed swings.
   host, warm   the same replay again: the second request, whose states are memoised (budget-
                narrowed masks are made into id lists on their second ask, so here:
-               grammars/second_ask.py).
+               grammars/masks/second_ask.py).
   host, later  the replay a third time: what every later request costs.
   host, ready  as host, cold (--cold-passes fresh compilers, pooled), but each request's grammars have
                had the engine idle before it decodes: the background has made their narrowed id
-               lists ahead (grammars/narrowed_ahead.py), as for an agent's next turn, whose tools
+               lists ahead (grammars/match/narrowed_ahead.py), as for an agent's next turn, whose tools
                were compiled on an earlier turn and made ready between turns.
 
 As in the engine's step, no garbage collection runs inside a timed step (engine/collector.py: one
@@ -62,7 +62,7 @@ import engine.sampling as sampling
 from engine.collector import freeze_startup, no_collection
 from engine.sampling import SamplingParams
 from grammars import GrammarCompiler
-from grammars.json_value_cache import forget
+from grammars.json_value.json_value_cache import forget
 from server import chat
 from server.state import ServerState
 

@@ -70,7 +70,7 @@ def load_state(cache_dir: str, timeout: float, forced_text: bool = True, model: 
                     logits_hooks=[ConstraintMasker(loaded.vocab_size, 8)], prefix_cache_bytes=512 << 20)
     if forced_text:
         try:
-            from grammars.forced_text import ForcedText
+            from grammars.masks.forced_text import ForcedText
             engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)
         except ImportError:  # older code: forced singletons only
             pass

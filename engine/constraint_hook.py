@@ -7,9 +7,9 @@ import torch
 from engine.host_logits import ATTRIBUTE as HOST_ROWS
 from engine.sampling import Narrowed
 from engine.sequence import Sequence
-from grammars.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
+from grammars.masks.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
                               fill_next_token_bitmasks)
-from grammars.sparse_mask import SparseMask, apply_sparse_mask_inplace, pick_routine, rows_routine, take_routine
+from grammars.masks.sparse_mask import SparseMask, apply_sparse_mask_inplace, pick_routine, rows_routine, take_routine
 
 
 class ConstraintMasker:
@@ -20,8 +20,8 @@ class ConstraintMasker:
     ToolCallConstraint have one: the tokens ``fill(row, budget)`` would allow, or None) is masked
     from that short id list (8-17 us on a 49k vocabulary) and never filled; the other constrained
     rows (a budget narrows their mask and that narrowed mask is asked for the first time:
-    grammars/second_ask.py; or both its sides are long) are filled, and each float32 row
-    is masked by a C loop over its clear bits (grammars/_mask_row.c; torch's packed apply took
+    grammars/masks/second_ask.py; or both its sides are long) are filled, and each float32 row
+    is masked by a C loop over its clear bits (grammars/index/_mask_row.c; torch's packed apply took
     100-400 us there in real generations).  A greedy row without logprobs is
     not written at all: the call returns {row: its SparseMask} and sample() picks the argmax under
     it (engine/sampling.py settle()): over the allowed ids alone, or the row's own argmax unless it
@@ -38,7 +38,7 @@ class ConstraintMasker:
     The engine's own logits rows (engine/host_logits.py) carry their address, stride and shape: the
     call reads them there, not from torch (five attribute reads, 17 of the call's 22 us at p50).
     Where every constrained row's mask was looked up ahead and may be picked as it is, one C call
-    (grammars/_fast_calls.c take_ahead) checks the rows and makes the Narrowed, with the picker kept
+    (grammars/index/_fast_calls.c take_ahead) checks the rows and makes the Narrowed, with the picker kept
     from the last step: the call took 12.7 and 11.9 us at p50 in Python over mask_bench's generations
     (two runs), 10.6 and 10.9 with the check in C (SmolLM2).
     """

@@ -26,10 +26,10 @@ from engine.scheduler import QueueFull, Scheduler
 from engine.sequence import Event, Request, Sequence
 from engine.slot_cache import KVShape, MaskLayout, SlotCache
 from engine.step_compiler import StepCompiler
-from grammars.sparse_mask import SparseMask
+from grammars.masks.sparse_mask import SparseMask
 
 if TYPE_CHECKING:
-    from grammars.forced_text import ForcedText
+    from grammars.masks.forced_text import ForcedText
 
 log = logging.getLogger("maskd.engine")
 

@@ -10,7 +10,7 @@ import torch
 
 from engine.host_logits import host_rows
 from engine.logprobs import MAX_TOP_LOGPROBS
-from grammars.sparse_mask import SparseMask, pick_routine, rows_routine
+from grammars.masks.sparse_mask import SparseMask, pick_routine, rows_routine
 
 
 @dataclass
@@ -93,9 +93,9 @@ def settle(logits: torch.Tensor, tokens: list[int], narrowed: dict[int, SparseMa
     again. logits: [B, V] float on CPU; tokens: B ids, edited in place and returned.
 
     In C where it is built: through the CPython extension where Python's headers are present, in one
-    call for all the rows (grammars/_fast_calls.c pick_rows: after the forward pass each Python-level
+    call for all the rows (grammars/index/_fast_calls.c pick_rows: after the forward pass each Python-level
     step of this loop cost 1.5-4 µs with the caches cold), else a ctypes call per row
-    (grammars/_mask_row.c pick_f32, the row left as it was; numpy's indexing and argmax cost 8-12 µs
+    (grammars/index/_mask_row.c pick_f32, the row left as it was; numpy's indexing and argmax cost 8-12 µs
     per row in real generations); else numpy. A Narrowed's ``picker`` is that one call, made without
     reading the logits again."""
     picker = narrowed.picker if type(narrowed) is Narrowed else None

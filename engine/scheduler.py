@@ -27,7 +27,7 @@ Where a request is, from submission to its end:
 - parked: a request whose constraint is not ready (its grammar units still compile) is prefilled up
   to its last chunk and set aside in its slot; once ready it prefills again, before any newcomer. Its first token thus waits for its grammar, and no one else does.
 - held: a row whose constraint is not ready mid-output (a name stage wrote its tool's literal and
-  that unit still compiles, grammars/name_stage.py) keeps its slot and its pending tokens, and is
+  that unit still compiles, grammars/tools/name_stage.py) keeps its slot and its pending tokens, and is
   left out of the passes until it is ready; the others go on.
 - release (finish, cancel, error): the row's prompt + output KV enters the prefix cache, its lock
   is dropped and its slot is free for the next admission; no other row moves.

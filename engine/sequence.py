@@ -37,7 +37,7 @@ class Constraint(Protocol):
     def min_tokens(self) -> int: ...
     def free_text(self) -> bool: ...  # whether the output is free text here: stop strings and stop
     # tokens apply only there (a tool call or a structured output is never cut by them)
-    # Optional: sparse_mask(budget) -> grammars.sparse_mask.SparseMask | None, the tokens
+    # Optional: sparse_mask(budget) -> grammars.masks.sparse_mask.SparseMask | None, the tokens
     # fill(row, budget) would allow as memoised id lists, without a fill (None: fill instead);
     # ConstraintMasker uses it on CPU when present.
 

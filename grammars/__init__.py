@@ -1,7 +1,7 @@
 """grammars: JSON schema -> regex -> token index -> bitmask, with a compile cache.
 
 Names are imported lazily so that the compile worker process (which imports
-``grammars.compile_worker``) starts without importing torch.
+``grammars.compile.compile_worker``) starts without importing torch.
 """
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ _EXPORTS = {
     "GrammarError": "grammars.errors",
     "UnsupportedSchemaError": "grammars.errors",
     "CompileTimeout": "grammars.errors",
-    "TokenVocabulary": "grammars.vocabulary",
-    "schema_to_regex": "grammars.json_schema",
-    "check_schema": "grammars.json_schema",
-    "json_object_regex": "grammars.json_schema",
-    "JSON_OBJECT_REGEX": "grammars.json_schema",
-    "UNSUPPORTED_KEYWORDS": "grammars.json_schema",
-    "CompiledGrammar": "grammars.grammar",
-    "GrammarCompiler": "grammars.compiler",
-    "Matcher": "grammars.matcher",
-    "allocate_token_bitmask": "grammars.bitmask",
-    "fill_next_token_bitmasks": "grammars.bitmask",
-    "apply_token_bitmask_inplace": "grammars.bitmask",
+    "TokenVocabulary": "grammars.index.vocabulary",
+    "schema_to_regex": "grammars.schema.json_schema",
+    "check_schema": "grammars.schema.json_schema",
+    "json_object_regex": "grammars.schema.json_schema",
+    "JSON_OBJECT_REGEX": "grammars.schema.json_schema",
+    "UNSUPPORTED_KEYWORDS": "grammars.schema.json_schema",
+    "CompiledGrammar": "grammars.match.grammar",
+    "GrammarCompiler": "grammars.compile.compiler",
+    "Matcher": "grammars.match.matcher",
+    "allocate_token_bitmask": "grammars.masks.bitmask",
+    "fill_next_token_bitmasks": "grammars.masks.bitmask",
+    "apply_token_bitmask_inplace": "grammars.masks.bitmask",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -79,7 +79,8 @@ def cmd_serve(args) -> int:
     from server.app import create_app
     from server.state import ServerState
 
-    from grammars import GrammarCompiler, TokenVocabulary, name_stage
+    from grammars import GrammarCompiler, TokenVocabulary
+    from grammars.tools import name_stage
 
     done, leader = _ranks(args)
     if isinstance(done, int):
@@ -93,7 +94,7 @@ def cmd_serve(args) -> int:
     name_stage.prepare(vocabulary)  # the tables a call written before its units are compiled reads
     compiler.drain()  # the automaton's masks and the holes' exits made before the first request
     compiler.set_engine_idle(lambda: engine.idle)  # background compiles wait for the engine's idle time
-    from grammars.forced_text import ForcedText
+    from grammars.masks.forced_text import ForcedText
     engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)
     from server.responses import ResponseStore
     state = ServerState(model_name=loaded.name, tokenizer=loaded.tokenizer,

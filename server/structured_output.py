@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError
-from grammars.json_schema import UNSUPPORTED_KEYWORDS
+from grammars.schema.json_schema import UNSUPPORTED_KEYWORDS
 from server.errors import APIError
 from server.schema_check import check_schema
 from server.state import ServerState
@@ -23,7 +23,7 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
     """A Matcher for the output format; `fields` (generation.Fields) names the API's fields in errors.
 
     `strict: false` on a json_schema relaxes only the keywords a regex cannot express (listed in
-    grammars/json_schema.py); everything else in the schema is still enforced. Otherwise an
+    grammars/schema/json_schema.py); everything else in the schema is still enforced. Otherwise an
     unsupported keyword is a 400 that names it.
     """
     if fmt.kind == "json_object":

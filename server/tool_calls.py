@@ -7,14 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError
-from grammars.name_stage import name_stage
-from grammars.tool_constraint import ToolCallConstraint
-from grammars.tool_formats import get_tool_format
-from grammars.tool_formats.base import ToolFormat
-from grammars.tool_formats.call_regex import NO_PARAMETERS_SCHEMA, ToolFormatError, chosen_specs
-from grammars.tool_grammar import tool_grammar, tool_tokens
-from grammars.trigger_mask import trigger_masks
-from grammars.unit_union import UnitUnion
+from grammars.tools.name_stage import name_stage
+from grammars.tools.tool_constraint import ToolCallConstraint
+from grammars.tools.formats import get_tool_format
+from grammars.tools.formats.base import ToolFormat
+from grammars.tools.formats.call_regex import NO_PARAMETERS_SCHEMA, ToolFormatError, chosen_specs
+from grammars.tools.tool_grammar import tool_grammar, tool_tokens
+from grammars.masks.trigger_mask import trigger_masks
+from grammars.match.unit_union import UnitUnion
 from server.errors import APIError
 from server.schema_check import check_schema
 from server.state import ServerState
@@ -67,7 +67,7 @@ class PendingTools:
     prefer: Callable[..., None] | None = None  # the compiler's prefer(regex, now)
 
     async def name_first(self, state: ServerState, budget: int | None, room: int) -> bool:
-        """Whether the request may start before its units are compiled (grammars/name_stage.py);
+        """Whether the request may start before its units are compiled (grammars/tools/name_stage.py);
         then ``wait()`` runs beside it. The stage is built here, while the prompt prefills."""
         if not self.name_first_ok or all(f.done() for f in self.units) or \
                 any(f.done() and f.exception() is not None for f in self.units):  # known bad: the 400 now

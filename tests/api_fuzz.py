@@ -1,6 +1,6 @@
 """The HTTP API under fuzzing, in process: the app, schemathesis cases, and what every answer must keep.
 
-Shared by tests/test_api_fuzz.py (a modest count) and benchmarks/fuzz.py (>= 10,000 requests); the
+Shared by tests/server/test_api_fuzz.py (a modest count) and benchmarks/fuzz.py (>= 10,000 requests); the
 hypothesis-built requests are in tests/api_fuzz_requests.py, schemathesis draws cases from the app's own
 OpenAPI document (positive and negative), and both are sent through the same client. The app is
 the real one (create_app) over a real engine: a tiny random-weight Llama, the embedded model's tokenizer,
@@ -59,7 +59,7 @@ def build_state(model, tokenizer, tool_format: str = "hermes", compile_timeout: 
     from engine.constraint_hook import ConstraintMasker
     from engine.engine import Engine
     from grammars import GrammarCompiler, TokenVocabulary
-    from grammars.forced_text import ForcedText
+    from grammars.masks.forced_text import ForcedText
     from server.state import ServerState
 
     vocabulary = TokenVocabulary.from_tokenizer(tokenizer, VOCAB, extra_eos_token_ids=(2,))

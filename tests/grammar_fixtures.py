@@ -97,7 +97,7 @@ def _byte_vocabulary():
 def _byte_worker():
     import pickle
 
-    from grammars.compile_worker import CompileWorker
+    from grammars.compile.compile_worker import CompileWorker
 
     return CompileWorker(pickle.dumps(_byte_vocabulary()))
 

@@ -1,5 +1,5 @@
 """A reference JSON prefix checker for the JSON-value automaton's tests: recursive descent over
-Python's strict UTF-8 decoder, written independently of grammars/json_value_lexer.py."""
+Python's strict UTF-8 decoder, written independently of grammars/json_value/json_value_lexer.py."""
 
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ import time
 import torch
 
 from grammars import CompileTimeout, GrammarCompiler, GrammarError, UnsupportedSchemaError
-from grammars.compile_worker import CompileWorker
-from grammars.grammar import CompiledGrammar
-from grammars.unit_index import from_outlines
+from grammars.compile.compile_worker import CompileWorker
+from grammars.match.grammar import CompiledGrammar
+from grammars.index.unit_index import from_outlines
 
 
 def generated_verdict(grammar, schema, tok, seed, slack=30):

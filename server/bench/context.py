@@ -114,7 +114,7 @@ class BenchContext:
         from engine.model_loader import load_model
         from engine.registry import load_registry
         from grammars import GrammarCompiler, TokenVocabulary
-        from grammars.forced_text import ForcedText
+        from grammars.masks.forced_text import ForcedText
         from server.state import ServerState
 
         loaded = load_model(load_registry(self.models).get(self.model), device=self.device)
@@ -160,7 +160,7 @@ class BenchContext:
         from engine.constraint_hook import ConstraintMasker
         from engine.engine import Engine
         from grammars import GrammarCompiler
-        from grammars.forced_text import ForcedText
+        from grammars.masks.forced_text import ForcedText
         from server.app import create_app
         from server.bench.live_server import _free_port
         from server.state import ServerState

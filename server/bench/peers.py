@@ -126,7 +126,7 @@ class OutlinesPeer(HFPeer):
         import outlines
         from outlines.backends.outlines_core import OutlinesCoreBackend, OutlinesCoreLogitsProcessor
 
-        from grammars.compile_worker import CompileWorker
+        from grammars.compile.compile_worker import CompileWorker
 
         backend = OutlinesCoreBackend(outlines.from_transformers(self.model, self.tokenizer))
         self.worker = CompileWorker(pickle.dumps(backend.vocabulary))
