@@ -28,7 +28,7 @@ from grammars.errors import CompileTimeout, GrammarError, UnsupportedSchemaError
 
 _STARTUP_TIMEOUT_S = 60.0
 _PIPE_BYTES = 1 << 20  # the default /proc/sys/fs/pipe-max-size
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding grammars/
 _BOOT = f"import sys; sys.path.insert(0, {_ROOT!r}); from grammars.compile.compile_worker import serve; serve()"
 
 

@@ -306,3 +306,11 @@ def test_a_units_disk_write_waits_for_the_engines_idle_time_and_close_makes_it(t
                 compiler.drain()
                 assert os.path.exists(path)
         assert os.path.exists(path)
+
+
+def test_a_compile_worker_boots_from_the_folder_holding_the_grammars_package():
+    """The worker process puts that folder first on its path (not grammars/ itself, whose layer
+    folders would then shadow top-level modules of the same names)."""
+    from grammars.compile import compile_worker
+
+    assert os.path.isfile(os.path.join(compile_worker._ROOT, "grammars", "__init__.py"))
