@@ -8,7 +8,7 @@ from engine.host_logits import ATTRIBUTE as HOST_ROWS
 from engine.sampling import Narrowed
 from engine.sequence import Sequence
 from grammars.masks.bitmask import (allocate_token_bitmask, apply_token_bitmask_cpu, apply_token_bitmask_inplace,
-                              fill_next_token_bitmasks)
+                                    fill_next_token_bitmasks)
 from grammars.masks.sparse_mask import SparseMask, apply_sparse_mask_inplace, pick_routine, rows_routine, take_routine
 
 

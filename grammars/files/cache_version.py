@@ -31,9 +31,11 @@ def _libraries(*names: str) -> list[str]:
 # regex's character automaton), the unit file's format and the code that builds the index and table.
 UNIT_VERSION = "/".join(["maskd-units-4", *_libraries("outlines-core", "interegular", "numpy"),
                          "src-" + sources_digest("index/_index_table.c", "index/_token_index.c", "index/_varint.h",
-                                                "index/budget.py", "index/token_index.py", "compile/compile_worker.py",
-                                                "compile/unit_file.py", "index/unit_index.py", "index/plain_tokens.py")])
+                                                "index/budget.py", "index/token_index.py", "index/unit_index.py",
+                                                "index/plain_tokens.py", "compile/compile_worker.py",
+                                                "compile/unit_file.py")])
 
 # The JSON-value automaton's tables (grammars/json_value/json_value.py): maskd's own lexer and table builder.
 JSON_VALUE_VERSION = "/".join(["maskd-json-value-1", *_libraries("numpy"),
-                               "src-" + sources_digest("json_value/json_value_lexer.py", "json_value/json_value_tables.py")])
+                               "src-" + sources_digest("json_value/json_value_lexer.py",
+                                                      "json_value/json_value_tables.py")])

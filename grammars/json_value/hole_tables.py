@@ -24,8 +24,8 @@ from grammars.masks.bitmask import words_off
 from grammars.schema.free_values import HOLE
 from grammars.json_value.hole_bytes import bytes_view
 from grammars.json_value.hole_crossings import NO_TOKENS, entering, leaving, least
-from grammars.json_value.json_value_lexer import (AFTER, ARRAY, ARRAY_FIRST, K_BODY, L_E, L_L, N_EXP_DIGITS, N_FRAC, N_INT, N_ZERO,
-                                       OBJECT, OBJECT_FIRST, S_BODY, VALUE)
+from grammars.json_value.json_value_lexer import (AFTER, ARRAY, ARRAY_FIRST, K_BODY, L_E, L_L, N_EXP_DIGITS, N_FRAC,
+                                                  N_INT, N_ZERO, OBJECT, OBJECT_FIRST, S_BODY, VALUE)
 from grammars.json_value.json_value_matcher import JsonValueMatcher
 from grammars.masks.second_ask import SecondAsk
 from grammars.masks.sparse_mask import SparseMask, changed, sparse_mask

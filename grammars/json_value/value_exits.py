@@ -20,7 +20,8 @@ import os
 from typing import NamedTuple
 
 from grammars.json_value.hole_bytes import BytesView, bytes_view
-from grammars.json_value.json_value_lexer import AFTER, ARRAY, COMPLETE, FIRST_BYTES, NUM_STATES, OBJECT, S_BASE, VALUE, scan
+from grammars.json_value.json_value_lexer import (AFTER, ARRAY, COMPLETE, FIRST_BYTES, NUM_STATES, OBJECT, S_BASE,
+                                                  VALUE, scan)
 
 EXIT_DEPTH = 4  # a token may leave a value from at most this many open containers
 NEAR = 16  # a token may walk this many unit bytes into a value

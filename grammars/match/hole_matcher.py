@@ -39,7 +39,8 @@ class HoleMatcher:
         self._history: list[tuple] = []  # per token: (unit steps, value before, hole before, value stepped)
         self.budget_forced = False
         self._here = (None, -1, None, None, None, 0)  # (value or None, its q, frame, hole or unit state, sparse, safe)
-        self._rungs = NO_POSITION  # where the value's budget-narrowed masks were last asked (grammars/json_value/value_rungs.py)
+        # where the value's budget-narrowed masks were last asked (grammars/json_value/value_rungs.py)
+        self._rungs = NO_POSITION
 
     @property
     def state(self):

@@ -26,8 +26,8 @@ class LlamaProcess:
     """A child process holding llama_cpp.Llama on ``gguf`` with ``threads`` threads."""
 
     def __init__(self, gguf: str, threads: int, n_ctx: int = 4096) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "server.bench.llama_process", gguf, str(threads), str(n_ctx)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        command = [sys.executable, "-m", "server.bench.llama_process", gguf, str(threads), str(n_ctx)]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      cwd=str(Path(__file__).resolve().parents[2]))
         self.call("ready")
 

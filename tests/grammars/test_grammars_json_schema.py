@@ -8,11 +8,11 @@ import pytest
 
 from grammar_fixtures import compact
 from grammars import (
-    GrammarError,
-    UnsupportedSchemaError,
-    json_object_regex,
-    schema_to_regex,
-)
+                      GrammarError,
+                      UnsupportedSchemaError,
+                      json_object_regex,
+                      schema_to_regex,
+                      )
 
 OBJ = {
     "type": "object",

@@ -10,11 +10,11 @@ import torch
 
 from grammar_fixtures import shared_compiler, smollm2_tokenizer, smollm2_vocabulary
 from grammars import (
-    GrammarError,
-    allocate_token_bitmask,
-    apply_token_bitmask_inplace,
-    fill_next_token_bitmasks,
-)
+                      GrammarError,
+                      allocate_token_bitmask,
+                      apply_token_bitmask_inplace,
+                      fill_next_token_bitmasks,
+                      )
 
 SCHEMA = {
     "type": "object",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from grammars.tools.formats.base import ToolFormat
 from grammars.tools.formats.block_shape import BlockShape
 from grammars.tools.formats.builtin_prompt import (call_name_and_arguments, dump_json, message_text,
-                                                  with_system_text)
+                                                   with_system_text)
 from grammars.tools.formats.call_regex import repeated
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -16,7 +16,7 @@ import re
 from grammars.tools.formats.base import ALPHANUMERIC, ToolFormat, random_alphanumeric
 from grammars.tools.formats.block_shape import BlockShape
 from grammars.tools.formats.builtin_prompt import (call_name_and_arguments, dump_json, message_text,
-                                                  with_system_text)
+                                                   with_system_text)
 from grammars.tools.formats.call_regex import repeated
 
 TOOL_CALLS = "[TOOL_CALLS]"
