@@ -81,14 +81,8 @@ def _serve(gguf: str, threads: int, n_ctx: int) -> None:
         llm.reset()
         return seconds
 
-    def rss_mb():
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
     verbs = {"ready": lambda: True, "eos": llm.token_eos, "compile": compile_schema, "generate": generate,
-             "prefill": prefill, "rss_mb": rss_mb}
+             "prefill": prefill}
     while True:
         try:
             verb, *args = pickle.load(sys.stdin.buffer)

@@ -190,9 +190,6 @@ class LlamaCppPeer:
         """Seconds llama.cpp takes to evaluate the prompt from an empty context."""
         return self.llm.call("prefill", list(prompt_ids))
 
-    def rss_mb(self) -> float:
-        return self.llm.call("rss_mb")
-
     def close(self) -> None:
         self.llm.close()
 
