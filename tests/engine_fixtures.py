@@ -1,4 +1,4 @@
-"""The tiny random-weight Llama and the helpers the engine tests share (test_engine.py, test_engine_outputs.py)."""
+"""The tiny random-weight Llama and the helpers the engine tests share (an engine Driver stepped from the test thread, ForcesRun, ...)."""
 
 import asyncio
 
@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.engine import Engine
+from engine.sampling import SamplingParams
 from engine.sequence import Request
 
 VOCAB = 49152
@@ -88,3 +89,43 @@ class ForcesRun:
 
     def free_text(self):
         return True
+
+
+class Driver:
+    """An engine stepped from the test thread (never started): check_integrity() after every step,
+    and the most rows that decoded together kept. Requests are greedy and ignore EOS unless told."""
+
+    def __init__(self, model, tokenizer, context_length: int, max_tokens: int = 8, eos=frozenset({2}), **kwargs):
+        self.engine = Engine(model, tokenizer, torch.device("cpu"), eos, context_length=context_length, **kwargs)
+        self.max_tokens = max_tokens
+        self.events: dict[int, list] = {}
+        self.most_rows = 0
+
+    def submit(self, prompt, constraint=None, **params) -> Request:
+        params = {"temperature": 0, "ignore_eos": True, "max_tokens": self.max_tokens, **params}
+        request = Request(prompt_ids=list(prompt), params=SamplingParams(**params), constraint=constraint)
+        self.events[request.request_id] = []
+        request.emit = self.events[request.request_id].append
+        self.engine.submit(request)
+        return request
+
+    def step(self) -> None:
+        self.engine._drain_inbox()
+        self.engine.step()
+        self.engine.check_integrity()  # includes: the KV tensors stay within the budget
+        self.most_rows = max(self.most_rows, len(self.engine.scheduler.rows))
+
+    def run(self) -> None:
+        self.engine._drain_inbox()
+        while self.engine._running or self.engine._waiting:
+            self.step()
+
+    def tokens(self, request) -> list[int]:
+        return [t for e in self.events[request.request_id] for t in e.token_ids]
+
+    def last(self, request):
+        return self.events[request.request_id][-1]
+
+    def done(self, request) -> bool:
+        events = self.events[request.request_id]
+        return bool(events) and events[-1].finish_reason is not None

@@ -21,10 +21,8 @@ import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-from engine.engine import Engine
 from engine.host_logits import host_rows
-from engine.sampling import SamplingParams
-from engine.sequence import Request
+from engine_fixtures import Driver as EngineDriver
 from engine_fixtures import ForcesRun
 
 VOCAB = 1536
@@ -67,32 +65,8 @@ def family(request):
     return name, model_class(config()).float().eval()
 
 
-class Driver:
-    """An engine stepped from the test thread; check_integrity() after every step."""
-
-    def __init__(self, model, tokenizer, **kwargs):
-        self.engine = Engine(model, tokenizer, torch.device("cpu"), frozenset({2}), context_length=256, **kwargs)
-        self.events: dict[int, list] = {}
-
-    def submit(self, prompt, constraint=None, max_tokens=NEW) -> Request:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-        request = Request(prompt_ids=list(prompt), params=params, constraint=constraint)
-        self.events[request.request_id] = []
-        request.emit = self.events[request.request_id].append
-        self.engine.submit(request)
-        return request
-
-    def run(self) -> None:
-        self.engine._drain_inbox()
-        while self.engine._running or self.engine._waiting:
-            self.engine.step()
-            self.engine.check_integrity()
-
-    def tokens(self, request) -> list[int]:
-        return [t for e in self.events[request.request_id] for t in e.token_ids]
-
-    def last(self, request):
-        return self.events[request.request_id][-1]
+def Driver(model, tokenizer, **kwargs) -> EngineDriver:
+    return EngineDriver(model, tokenizer, context_length=256, max_tokens=NEW, **kwargs)
 
 
 def prompts(lengths, seed=0):

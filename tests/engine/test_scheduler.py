@@ -7,9 +7,8 @@ from fastapi.testclient import TestClient
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.engine import Engine
-from engine.sampling import SamplingParams
 from engine.scheduler import QueueFull
-from engine.sequence import Request
+from engine_fixtures import Driver as EngineDriver
 
 VOCAB = 49152
 EOS = frozenset({2})
@@ -24,40 +23,8 @@ def tiny_model():
     return LlamaForCausalLM(config).eval()
 
 
-class Driver:
-    """An engine stepped from the test thread."""
-
-    def __init__(self, model, tokenizer, **kwargs):
-        self.engine = Engine(model, tokenizer, torch.device("cpu"), EOS, context_length=1024, **kwargs)
-        self.events: dict[int, list] = {}
-
-    def submit(self, prompt, **params) -> Request:
-        params = {"temperature": 0, "ignore_eos": True, **params}
-        request = Request(prompt_ids=list(prompt), params=SamplingParams(**params))
-        self.events[request.request_id] = []
-        request.emit = self.events[request.request_id].append
-        self.engine.submit(request)
-        return request
-
-    def step(self) -> None:
-        self.engine._drain_inbox()
-        self.engine.step()
-        self.engine.check_integrity()
-
-    def run(self) -> None:
-        self.engine._drain_inbox()
-        while self.engine._running or self.engine._waiting:
-            self.step()
-
-    def tokens(self, request) -> list[int]:
-        return [t for e in self.events[request.request_id] for t in e.token_ids]
-
-    def last(self, request):
-        return self.events[request.request_id][-1]
-
-    def done(self, request) -> bool:
-        events = self.events[request.request_id]
-        return bool(events) and events[-1].finish_reason is not None
+def Driver(model, tokenizer, **kwargs) -> EngineDriver:
+    return EngineDriver(model, tokenizer, context_length=1024, eos=EOS, **kwargs)
 
 
 def prompts(n_tokens=(7, 19, 3, 40), seed=0):

@@ -7,11 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.engine import Engine, PromptTooLong
+from engine.engine import PromptTooLong
 from engine.kv_segment import KVSegment
-from engine.sampling import SamplingParams
-from engine.sequence import Request
 from engine.slot_cache import GRAIN, KVShape, MaskLayout, SlotCache
+from engine_fixtures import Driver as EngineDriver
 from engine_fixtures import ForcesRun
 
 VOCAB = 1536
@@ -32,29 +31,8 @@ def shape(tiny_model):
     return KVShape.probe(tiny_model, torch.device("cpu"))
 
 
-class Driver:
-    def __init__(self, model, tokenizer, **kwargs):
-        self.engine = Engine(model, tokenizer, torch.device("cpu"), frozenset({2}), context_length=CONTEXT, **kwargs)
-        self.events: dict[int, list] = {}
-        self.most_rows = 0
-
-    def submit(self, prompt, constraint=None, **params) -> Request:
-        params = {"temperature": 0, "ignore_eos": True, "max_tokens": 8, **params}
-        request = Request(prompt_ids=list(prompt), params=SamplingParams(**params), constraint=constraint)
-        self.events[request.request_id] = []
-        request.emit = self.events[request.request_id].append
-        self.engine.submit(request)
-        return request
-
-    def run(self) -> None:
-        self.engine._drain_inbox()
-        while self.engine._running or self.engine._waiting:
-            self.engine.step()
-            self.engine.check_integrity()  # includes: the KV tensors stay within the budget
-            self.most_rows = max(self.most_rows, len(self.engine.scheduler.rows))
-
-    def tokens(self, request) -> list[int]:
-        return [t for e in self.events[request.request_id] for t in e.token_ids]
+def Driver(model, tokenizer, **kwargs) -> EngineDriver:
+    return EngineDriver(model, tokenizer, context_length=CONTEXT, **kwargs)
 
 
 def prompts(lengths, seed=0):
