@@ -1,4 +1,5 @@
-"""The tiny random-weight Llama and the helpers the engine tests share (an engine Driver stepped from the test thread, ForcesRun, ...)."""
+"""The tiny random-weight Llama and the helpers the engine tests share: an engine Driver stepped from
+the test thread, ForcesRun, prompts and runs."""
 
 import asyncio
 
