@@ -221,8 +221,8 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One forward pass over every running row (and at most one chunk of newcomers' prompts);
-        each row gets one token. See engine/scheduler.py."""
+        """One step: at most one chunk of newcomers' prompts, then a pass over every running row;
+        each row fed all its pending tokens gets one sampled token. See engine/scheduler.py."""
         for seq in [s for s in self._running + list(self._waiting) if s.cancelled]:
             self._finish(seq, "cancelled")
         seqs, logits = self.scheduler.forward()
@@ -235,7 +235,6 @@ class Engine:
             gained = [len(seq.output_ids) - n for seq, n in zip(seqs, before)]
             # one token per row sampled; every other appended token was forced text
             self.metrics.stepped(seqs, time.perf_counter(), sum(gained), sum(max(g - 1, 0) for g in gained))
-        self.scheduler.settle()
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """logits: [B, V], one row per seq. Samples, then appends each row's token."""

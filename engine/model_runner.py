@@ -19,8 +19,8 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 
 class ModelRunner:
-    """Passes where every row feeds one token go through the lean DecodeStep (the StepCompiler's
-    compiled step where the engine has one, eager otherwise); every other pass is packed through the
+    """Rows feeding one token go through the lean DecodeStep (the StepCompiler's compiled step
+    where the engine has one, eager otherwise); prompt chunks and forced runs are packed through the
     model's own forward (engine/slot_attention.py). `decode=False` sends every pass packed."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, decode: bool = True,
@@ -39,19 +39,30 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, slots: SlotCache, rows: list[int], tokens: list[list[int]], decode: bool = True) -> torch.Tensor:
         """Feeds tokens[b] to slot rows[b] (prompt chunks, one sampled token, or a sampled token and
-        the run the grammar forced after it; [] for a slot that does not step), all in one pass.
-        Returns float32 logits [B, V] of each slot's last new token (rows that fed nothing get
-        meaningless logits). decode=False: packed even where every row feeds one token. On CPU
-        these are the engine's own rows (engine/host_logits.py), which the next pass overwrites:
-        read within the step."""
+        the run the grammar forced after it; [] for a slot that does not step). Returns float32
+        logits [B, V] of each slot's last new token (rows that fed nothing get meaningless logits).
+        With a DecodeStep, rows feeding one token go through it and rows feeding several through a
+        packed pass of their own, so a row's arithmetic never depends on who shares its step;
+        decode=False sends every row packed, in one pass. On CPU the logits may be the engine's own
+        rows (engine/host_logits.py), which the next pass overwrites: read within the step."""
+        single = [b for b, t in enumerate(tokens) if len(t) == 1]
+        if not decode or self.decode is None or not single:
+            return self._pass(self._packed, slots, rows, tokens)
+        if len(single) == sum(1 for t in tokens if t):
+            return self._pass(self._decode, slots, rows, tokens)
+        several = [b for b, t in enumerate(tokens) if len(t) > 1]
+        runs = self._pass(self._packed, slots, [rows[b] for b in several], [tokens[b] for b in several])
+        logits = runs.new_empty(len(rows), runs.shape[1])
+        logits[several] = runs  # a copy: the next pass may overwrite the host rows
+        logits[single] = self._pass(self._decode, slots, [rows[b] for b in single], [tokens[b] for b in single])
+        return logits
+
+    def _pass(self, run, slots: SlotCache, rows: list[int], tokens: list[list[int]]) -> torch.Tensor:
         host = self.host
         if host is not None:
             host.arm(True)
         try:
-            if decode and self.decode is not None and all(len(t) <= 1 for t in tokens) and any(tokens):
-                logits = self._decode(slots, rows, tokens)
-            else:
-                logits = self._packed(slots, rows, tokens)
+            logits = run(slots, rows, tokens)
         finally:
             if host is not None:
                 host.arm(False)

@@ -2,33 +2,30 @@
 
 Where a request is, from submission to its end:
 
-    waiting --admit--> prefilling --last chunk--> joining --settle--> rows (the running batch)
-                           |    ^
-               not ready   v    | ready
-                          parked
+    waiting --admit--> prefilling --all but its prompt's last token--> rows (the running batch)
 
 - admit: the request reserves prompt + max_tokens tokens of KV (capped by the context, and by what
   the KV budget holds for one row alone) and takes a slot of the SlotCache; while the open rows'
   reservations leave no room for it within the budget it waits at the head of the queue. The prefix
-  cache gives the longest cached prefix of the prompt (all but its last token, so at least one token
-  is prefilled and yields logits), copied once into the slot; the request locks that path.
-  Several requests prefill at once, within one step's budget of `prefill_chunk` prompt tokens.
-- forward: one step is one packed forward pass (engine/slot_attention.py) holding each row's
-  pending tokens beside at most `prefill_chunk` prompt tokens, shared in arrival order by the
-  prefilling requests (a burst of short prompts prefills together). A row feeds every token it has
-  pending: its sampled token and the run the grammar forced after it (jump-forward), so a forced run
-  costs one pass, not one per token. With forced extension off (server flag or request field) a row
-  feeds one token per pass and is sampled again only after the last of its run.
-  A newcomer therefore adds one chunk's work to the running rows' step, never its whole prompt.
-- when a prompt is done its KV is inserted into the prefix cache at once (other agents sharing
-  the prefix hit it while this one decodes), and its first token is sampled in the same step as
-  the rows' tokens: the step's logits are [rows..., newcomer] in that order.
-- settle: after sampling, the newcomer joins the rows (its KV is already in its slot).
-- parked: a request whose constraint is not ready (its grammar units still compile) is prefilled up
-  to its last chunk and set aside in its slot; once ready it prefills again, before any newcomer. Its first token thus waits for its grammar, and no one else does.
-- held: a row whose constraint is not ready mid-output (a name stage wrote its tool's literal and
-  that unit still compiles, grammars/tools/name_stage.py) keeps its slot and its pending tokens, and is
-  left out of the passes until it is ready; the others go on.
+  cache gives the longest cached prefix of the prompt but its last token, copied once into the
+  slot; the request locks that path.
+- a step is two passes. First a packed pass (engine/slot_attention.py) of at most `prefill_chunk`
+  prompt tokens, shared in arrival order by the prefilling requests (a burst of short prompts
+  prefills together), which only writes their KV; a newcomer thus adds one chunk's work to the
+  running rows' step, never its whole prompt. Then the rows' pass (the DecodeStep where the model
+  has one, engine/model_runner.py): each row feeds every token it has pending, its sampled token
+  and the run the grammar forced after it (jump-forward), so a forced run costs one pass, not one
+  per token. With forced extension off (server flag or request field) a row feeds one token per
+  pass and is sampled again only after the last of its run.
+- a prompt's last token is fed by the rows' pass, like every token whose logits are read: its
+  arithmetic is the same whether the prompt before it was prefilled now or read from the prefix
+  cache, so a greedy request gives the same tokens cold and warm. Once all but that token is in
+  the slot, the request joins the rows and that prefix enters the prefix cache (other agents
+  sharing it hit it while this one decodes).
+- held: a row whose constraint is not ready (its grammar units still compile, or a name stage
+  wrote its tool's literal and that unit still compiles, grammars/tools/name_stage.py) keeps its
+  slot and its pending tokens, and is left out of the passes until it is ready; the others go on.
+  A newcomer's first token thus waits for its grammar, and no one else does.
 - release (finish, cancel, error): the row's prompt + output KV enters the prefix cache, its lock
   is dropped and its slot is free for the next admission; no other row moves.
 """
@@ -68,24 +65,22 @@ class Scheduler:
         self.extend = extend  # feed a forced run in one pass (requests may still opt out)
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []  # admitted, prompts not done, in arrival order
-        self.joining: list[Sequence] = []  # prompts done this step: first token sampled, join at settle
-        self.parked: list[Sequence] = []  # prefilled but for the last chunk; constraint not ready
         self.rows: list[Sequence] = []  # the running batch, in the order they joined
         self.failed: list[tuple[Sequence, str]] = []  # not admitted after all, and why: the engine ends them
 
     @property
     def running(self) -> list[Sequence]:
-        """Admitted and not finished: the rows, then those joining, prefilling and parked."""
-        return self.rows + self.joining + self.prefilling + self.parked
+        """Admitted and not finished: the rows, then those prefilling."""
+        return self.rows + self.prefilling
 
     @property
     def num_running(self) -> int:
-        return len(self.rows) + len(self.joining) + len(self.prefilling) + len(self.parked)
+        return len(self.rows) + len(self.prefilling)
 
     def has_work(self) -> bool:
-        """Whether a forward pass would do something (parked requests alone wait for their grammar)."""
+        """Whether a forward pass would do something (held rows alone wait for their grammar)."""
         room = self.waiting and self.slots.admissible(self._reservation(self.waiting[0]))
-        return bool(self.prefilling or self.joining or room or any(_ready(s) for s in self.rows + self.parked))
+        return bool(self.prefilling or room or any(_ready(s) for s in self.rows))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -107,28 +102,27 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------------
 
     def forward(self) -> tuple[list[Sequence], torch.Tensor | None]:
-        """Runs this step's forward pass: the rows' tokens and at most prefill_chunk prompt tokens,
-        side by side in one packed pass; returns the rows that get a token and their logits [B, V]."""
+        """Runs this step: a packed pass of at most prefill_chunk prompt tokens (their KV only), then
+        one pass of the rows' tokens; returns the rows that get a token and their logits [B, V].
+        Every token whose logits are read (a prompt's last, sampled and forced ones) goes through
+        the rows' pass, so its arithmetic is the same whether the prompt before it was prefilled
+        now or read from the prefix cache, and whoever else shares the step."""
         self._take_new()
         fed = self._prompt_chunks()
+        if fed:
+            self.runner.forward(self.slots, [seq.slot for seq, _ in fed], [chunk for _, chunk in fed], decode=False)
+            self._count_pass()
+            for seq, chunk in fed:
+                del seq.next_input[: len(chunk)]
+            self._join_prefilled()
         lo, run = self._decode_feeds()
-        if not fed and not run:
+        if not any(run):
             return [], None
-        slots = list(range(lo, lo + len(run))) + [seq.slot for seq, _ in fed]
-        # a pass with prompt tokens runs packed: a prompt's last token gets the same arithmetic
-        # whether the tokens before it were prefilled beside it or read from the prefix cache
-        logits = self.runner.forward(self.slots, slots, run + [chunk for _, chunk in fed], decode=not fed)  # [len(slots), V]
+        slots = list(range(lo, lo + len(run)))
+        logits = self.runner.forward(self.slots, slots, run)  # [len(slots), V]
         self._count_pass(len(self.rows))
         seqs = [seq for seq in self.rows if not seq.next_input]  # sampled now (others feed more first)
         picks = [seq.slot - lo for seq in seqs]
-        for i, (seq, chunk) in enumerate(fed):
-            del seq.next_input[: len(chunk)]
-            if not seq.next_input:  # prompt done: its first token next
-                self.prefilling.remove(seq)
-                self.joining.append(seq)
-                self._cache_prompt(seq)
-                seqs.append(seq)
-                picks.append(len(run) + i)
         if not seqs:
             return [], None
         if picks != list(range(len(slots))):
@@ -137,14 +131,8 @@ class Scheduler:
         return seqs, logits  # [B', V]
 
     def _take_new(self) -> None:
-        """Parked requests whose grammar is ready, then waiting ones while the step's prefill budget
-        and the KV budget have room, start prefilling; one whose last chunk would come now while its
-        grammar is not ready is parked instead (its first token needs it)."""
-        ready = [s for s in self.parked if _ready(s)]
-        for seq in ready:
-            self.parked.remove(seq)
-        self.prefilling[:0] = ready
-        planned = sum(len(s.next_input) for s in self.prefilling)
+        """Waiting requests start prefilling while the step's prefill budget and the KV budget have room."""
+        planned = sum(len(s.next_input) - 1 for s in self.prefilling)
         while self.waiting and planned < self.prefill_chunk and not self._shares_pending_prefix(self.waiting[0]) \
                 and self.slots.admissible(self._reservation(self.waiting[0])):
             seq = self.waiting.popleft()
@@ -154,10 +142,17 @@ class Scheduler:
                 self.failed.append((seq, f"out of memory growing the KV cache for it ({exc}); lower "
                                          "--kv-cache-mb or --max-batch"))
                 continue
-            planned += len(seq.next_input)
-        for seq in [s for s in self.prefilling if len(s.next_input) <= self.prefill_chunk and not _ready(s)]:
+            planned += len(seq.next_input) - 1
+        self._join_prefilled()
+
+    def _join_prefilled(self) -> None:
+        """Requests whose prompt is in their slot but for its last token join the rows, which feed
+        it; the prompt before it enters the prefix cache at once (other agents sharing the prefix
+        hit it while this one decodes)."""
+        for seq in [s for s in self.prefilling if len(s.next_input) == 1]:
             self.prefilling.remove(seq)
-            self.parked.append(seq)
+            self.rows.append(seq)
+            self._cache_prompt(seq)
 
     def _shares_pending_prefix(self, seq: Sequence) -> bool:
         """Whether a request now prefilling will put more of seq's prompt in the prefix cache than it
@@ -171,12 +166,13 @@ class Scheduler:
             shared > self.prefix_cache.find(prompt[:-1]).length  # find: not counted as a lookup
 
     def _prompt_chunks(self) -> list[tuple[Sequence, list[int]]]:
-        """At most prefill_chunk prompt tokens of the prefilling requests, in order."""
+        """At most prefill_chunk prompt tokens of the prefilling requests, in order; never a
+        prompt's last token (the rows' pass feeds it)."""
         budget, fed = self.prefill_chunk, []
         for seq in self.prefilling:
             if budget == 0:
                 break
-            fed.append((seq, seq.next_input[:budget]))
+            fed.append((seq, seq.next_input[: min(budget, len(seq.next_input) - 1)]))
             budget -= len(fed[-1][1])
         return fed
 
@@ -195,11 +191,6 @@ class Scheduler:
             feeds[seq.slot - lo] = seq.next_input[:n]
             del seq.next_input[:n]
         return lo, feeds
-
-    def settle(self) -> None:
-        """After the step's tokens were appended: the newcomers join the rows."""
-        self.rows.extend(self.joining)
-        self.joining.clear()
 
     def _count_pass(self, batch_size: int = 0) -> None:
         if self.metrics is not None:
@@ -226,8 +217,10 @@ class Scheduler:
             self.metrics.admitted(seq)
 
     def _cache_prompt(self, seq: Sequence) -> None:
-        """Insert the just-prefilled prompt and move the request's lock down to its end."""
-        prompt = seq.request.prompt_ids
+        """Insert the prefilled prompt (all but its last token) and move the request's lock down to its end."""
+        prompt = seq.request.prompt_ids[:-1]
+        if not prompt:
+            return
         self._insert(prompt, lambda start, end: self.slots.segment(seq.slot, start, end))
         if self.prefix_cache is not None:
             node = self.prefix_cache.find(prompt).node
@@ -253,12 +246,8 @@ class Scheduler:
         """Take seq out wherever it is; with keep_kv, a row's computed KV enters the prefix cache."""
         if seq in self.waiting:
             self.waiting.remove(seq)
-        elif seq in self.parked:
-            self.parked.remove(seq)
         elif seq in self.prefilling:
             self.prefilling.remove(seq)
-        elif seq in self.joining:
-            self.joining.remove(seq)
         elif seq in self.rows:
             self.rows.remove(seq)
             if keep_kv:

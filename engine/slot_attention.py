@@ -8,7 +8,7 @@ hands back the whole layer; this module's attention then splits the queries by r
 
 - the decode group: rows feeding one token each, over a run of consecutive slots [lo, lo + M)
   (the running rows), one batched attention call over the view keys[lo:lo + M, :, :W]; slots in
-  the run that do not feed a single token here (free, parked, extending, prefilling) are holes
+  the run that do not feed a single token here (free, held, extending, prefilling) are holes
   whose zero query sees column 0 only and whose output is dropped;
 - every other row (a prompt chunk, a sampled token plus its forced run, a lone token outside the
   run) alone over its own slot's view, causal within its new tokens.

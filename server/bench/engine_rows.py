@@ -59,7 +59,7 @@ class Stepper:
 
     def decoding(self, rows: int) -> bool:
         s = self.engine.scheduler
-        return len(s.rows) == rows and not s.prefilling and not s.joining and not s.waiting
+        return len(s.rows) == rows and not s.prefilling and not s.waiting
 
     def until_decoding(self, rows: int, most_steps: int = 10_000) -> None:
         """Steps until `rows` rows decode together; raises if they never do (e.g. a KV budget that

@@ -195,8 +195,9 @@ def test_a_constraint_that_fails_fails_only_its_own_request(engine, smollm_token
 
 
 def test_a_request_waits_for_its_grammar_units_and_no_one_else_does(tiny_model, smollm_tokenizer):
-    """A tool request submitted before its units are compiled is prefilled, then parked: a plain
-    request submitted after it finishes meanwhile; once the units are attached it decodes a call."""
+    """A tool request submitted before its units are compiled is prefilled but for its prompt's last
+    token, then held in the rows: a plain request submitted after it finishes meanwhile; once the
+    units are attached it decodes a call."""
     from grammars import GrammarCompiler, TokenVocabulary, schema_to_regex
     from grammars.tools.tool_constraint import ToolCallConstraint
     from grammars.tools.tool_grammar import tool_tokens
@@ -220,14 +221,16 @@ def test_a_request_waits_for_its_grammar_units_and_no_one_else_does(tiny_model, 
                 free = await collect(Request(prompt_ids=prompt(smollm_tokenizer),
                                              params=SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)))
                 assert not waiting.done()
-                parked = len(eng.scheduler.parked)
+                held = [(len(s.next_input), eng.scheduler.slots.lengths[s.slot], len(s.request.prompt_ids))
+                        for s in eng.scheduler.rows if s.constraint is constraint]
                 constraint.attach(UnitUnion([compiler.compile_regex(grammar.units[0])]))
                 eng.wake()
-                return free, parked, await waiting
-            free, parked, constrained = asyncio.run(scenario())
+                return free, held, await waiting
+            free, held, constrained = asyncio.run(scenario())
     finally:
         eng.shutdown()
-    assert free[-1].finish_reason == "length" and parked == 1
+    n = len(prompt(smollm_tokenizer, "Add:"))
+    assert free[-1].finish_reason == "length" and held == [(1, n - 1, n)]
     text = "".join(e.text for e in constrained)
     assert constrained[-1].finish_reason == "stop" and constrained[-1].completion_tokens > 3
     assert json.loads(text.split("\n")[1])["name"] == "add", text

@@ -66,7 +66,7 @@ def test_seeded_sampling_is_per_row(tiny_model, smollm_tokenizer):
     assert [driver.tokens(r) for r in requests] == serial
 
 
-def test_a_prefill_chunk_shares_the_running_rows_pass(tiny_model, smollm_tokenizer):
+def test_a_prefill_chunk_adds_one_pass_beside_the_running_rows(tiny_model, smollm_tokenizer):
     short, long = prompts((4, 30))
     expected = alone(tiny_model, smollm_tokenizer, long, max_tokens=5)
     driver = Driver(tiny_model, smollm_tokenizer, prefill_chunk=8)
@@ -74,15 +74,71 @@ def test_a_prefill_chunk_shares_the_running_rows_pass(tiny_model, smollm_tokeniz
     driver.step()
     newcomer = driver.submit(long, max_tokens=5)
     counts = []
-    for _ in range(4):  # 30 tokens in chunks of 8: four steps of prefill
+    for _ in range(4):  # 29 tokens (all but the last) in chunks of 8: four steps of prefill
         before = len(driver.tokens(running))
         passes = driver.engine.runner.forward_passes
         driver.step()
         counts.append((len(driver.tokens(running)) - before, driver.engine.runner.forward_passes - passes))
-    assert counts == [(1, 1)] * 4, "each step: one pass holding the chunk and the running row's token"
-    assert len(driver.tokens(newcomer)) == 1  # first token sampled with the last chunk
+    assert counts == [(1, 2)] * 4, "each step: the chunk's pass, then the running row's, which gets a token"
+    assert len(driver.tokens(newcomer)) == 1  # its last prompt token fed in the rows' pass of the last chunk's step
     driver.run()
     assert driver.tokens(newcomer) == expected
+
+
+def test_a_prompt_read_from_the_prefix_cache_gives_the_logits_of_one_prefilled(tiny_model, smollm_tokenizer):
+    """Cold (prefilled in chunks) and warm (all but its last token read from the prefix cache), a
+    prompt's first logits are the same bits: its last token takes the rows' pass either way. Then a
+    greedy request gives the same tokens whenever it comes."""
+    first = {}
+
+    def record(logits, seqs):
+        for row, seq in zip(logits, seqs):
+            first.setdefault(seq.request.request_id, row.clone())
+
+    driver = Driver(tiny_model, smollm_tokenizer, prefill_chunk=8, prefix_cache_bytes=16 << 20, logits_hooks=[record])
+    prompt = prompts((30,), seed=11)[0]
+    cold = driver.submit(prompt, max_tokens=6)
+    driver.run()
+    warm = driver.submit(prompt, max_tokens=6)
+    driver.run()
+    assert driver.last(cold).cached_tokens == 0 and driver.last(warm).cached_tokens == 29
+    assert torch.equal(first[cold.request_id], first[warm.request_id])
+    assert driver.tokens(cold) == driver.tokens(warm)
+
+
+def test_a_rows_logits_do_not_depend_on_a_forced_run_beside_it(tiny_model, smollm_tokenizer):
+    """A row feeding one token beside a row feeding a forced run gets the logits it gets alone: the
+    run goes through a packed pass of its own, the single tokens through the decode step (on a
+    served model the two paths round differently). The model is int4, as served on CPU: its kernel
+    gives a row the same bits whatever rows share the call (float32 matmuls do not: one row and
+    two take different kernels)."""
+    import copy
+
+    from engine.quantized_linear import quantize_model
+    from engine_fixtures import ForcesRun
+
+    model = copy.deepcopy(tiny_model)
+    quantize_model(model, "int4", torch.bfloat16)
+    seen = []
+
+    def record(logits, seqs):
+        seen.extend((seq.request.request_id, row.clone()) for row, seq in zip(logits, seqs))
+
+    a, b = prompts((12, 9), seed=12)
+    run = prompts((5,), seed=13)[0]
+    logits, decode_passes = [], []
+    for beside in (False, True):
+        seen.clear()
+        driver = Driver(model, smollm_tokenizer, logits_hooks=[record])
+        plain = driver.submit(a, max_tokens=6)
+        if beside:  # its first token beside the plain row's, then that token and the run beside its second
+            driver.submit(b, constraint=ForcesRun(run), max_tokens=3 + len(run))
+        driver.run()
+        logits.append([row for rid, row in seen if rid == plain.request_id])
+        decode_passes.append(driver.engine.runner.decode_passes)
+    assert decode_passes == [6, 6]  # every pass of the plain row's went through the decode step
+    assert len(logits[0]) == len(logits[1]) == 6
+    assert all(torch.equal(x, y) for x, y in zip(*logits))
 
 
 def test_cancel_frees_the_row_and_the_prefix_lock_within_one_step(tiny_model, smollm_tokenizer):
@@ -170,26 +226,27 @@ def test_a_request_without_max_tokens_gets_the_server_default(tiny_model, smollm
 
 
 def test_a_burst_of_short_prompts_prefills_in_one_pass(tiny_model, smollm_tokenizer):
-    """Four prompts arriving together share one step's prefill budget: one pass, four first tokens,
-    each row's tokens those it gives alone."""
+    """Four prompts arriving together share one step's prefill budget: one packed pass of their
+    prompts, one pass of their last tokens, four first tokens, each row's tokens those it gives alone."""
     ps = prompts((9, 14, 5, 20), seed=9)
     serial = [alone(tiny_model, smollm_tokenizer, p, max_tokens=6) for p in ps]
     driver = Driver(tiny_model, smollm_tokenizer, prefill_chunk=64)
     requests = [driver.submit(p, max_tokens=6) for p in ps]
     driver.step()
-    assert driver.engine.runner.forward_passes == 1
+    assert driver.engine.runner.forward_passes == 2
     assert [len(driver.tokens(r)) for r in requests] == [1, 1, 1, 1]
     driver.run()
     assert [driver.tokens(r) for r in requests] == serial
 
 
 def test_a_prompt_over_the_budget_waits_its_turn_in_the_same_pass(tiny_model, smollm_tokenizer):
-    """Budget 16 a step: the first prompt (12) and 4 tokens of the second (10) go in the first pass."""
+    """Budget 16 a step: the first prompt (11 tokens before its last) and 5 of the second (9 before
+    its last) go in the first prefill pass."""
     a, b = prompts((12, 10), seed=10)
     driver = Driver(tiny_model, smollm_tokenizer, prefill_chunk=16)
     first, second = driver.submit(a, max_tokens=4), driver.submit(b, max_tokens=4)
     driver.step()
     assert len(driver.tokens(first)) == 1 and not driver.tokens(second)
-    assert len(driver.engine.scheduler.prefilling[0].next_input) == 6
+    assert len(driver.engine.scheduler.prefilling[0].next_input) == 5
     driver.run()
     assert driver.tokens(second) == alone(tiny_model, smollm_tokenizer, b, max_tokens=4)

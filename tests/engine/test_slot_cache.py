@@ -185,10 +185,11 @@ def test_a_forced_run_costs_one_pass_when_extended(tiny_model, smollm_tokenizer,
     alone = Driver(tiny_model, smollm_tokenizer, forced_extend=extend)
     alone.submit(prompt, constraint=ForcesRun(run), max_tokens=8 + len(run))
     alone.run()
-    # a prefill, then a pass per fed token: the first sampled one with the run after it (one pass
-    # extended, 1 + 12 otherwise), then 6 of the 7 sampled after the run (the last is never fed)
+    # a prefill of all but the prompt's last token, the pass of that token, then a pass per fed
+    # token: the first sampled one with the run after it (one pass extended, 1 + 12 otherwise),
+    # then 6 of the 7 sampled after the run (the last is never fed)
     fed_passes = (1 if extend else 1 + len(run)) + 6
-    assert alone.engine.runner.forward_passes == 1 + fed_passes
+    assert alone.engine.runner.forward_passes == 2 + fed_passes
 
 
 def test_a_request_may_turn_extension_off(tiny_model, smollm_tokenizer):
@@ -196,7 +197,7 @@ def test_a_request_may_turn_extension_off(tiny_model, smollm_tokenizer):
     driver = Driver(tiny_model, smollm_tokenizer)
     driver.submit(prompts((10,), seed=6)[0], constraint=ForcesRun(run), max_tokens=3 + len(run), forced_extend=False)
     driver.run()
-    assert driver.engine.runner.forward_passes == 1 + 2 + len(run)  # prefill, then a pass per token
+    assert driver.engine.runner.forward_passes == 2 + 2 + len(run)  # prefill, the prompt's last token, a pass per token
 
 
 def test_out_of_memory_growing_the_kv_fails_that_request_alone(tiny_model, smollm_tokenizer, monkeypatch):
