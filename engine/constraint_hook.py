@@ -118,18 +118,16 @@ class ConstraintMasker:
     def ahead(self, seq: Sequence) -> None:
         """Looks up the SparseMask of seq's next token (its constraint as it stands now, its
         tokens_left as the next step will set it) for the next call; where the logits are on the CPU
-        and the constraint can answer now (optional ``ready()``), else the call asks then."""
+        and the constraint can answer now (``ready()``), else the call asks then."""
         seq.mask_ahead = None
-        ready = getattr(seq.constraint, "ready", None)
-        if self._host and (ready is None or ready()):
+        if self._host and seq.constraint.ready():
             seq.mask_ahead = (seq.constraint, len(seq.output_ids), seq.tokens_left) + self._lookup(seq)
 
     def _lookup(self, seq: Sequence) -> tuple[SparseMask | None, bool]:
         """seq's constraint's SparseMask for its next token where it has one that fits (no fill then),
         or None; and whether the pick may take it as it is (greedy, no logprobs: the row unwritten,
         sample() picks under it) rather than the row being masked."""
-        get = getattr(seq.constraint, "sparse_mask", None)
-        sparse = get(seq.tokens_left) if get is not None else None
+        sparse = seq.constraint.sparse_mask(seq.tokens_left)
         if sparse is None or sparse.vocab_size != self.vocab_size:
             return None, False
         return sparse, seq.params.logprobs is None and seq.params.greedy and (not sparse.allowed or sparse.size > 0)

@@ -282,6 +282,5 @@ class Scheduler:
 
 
 def _ready(seq: Sequence) -> bool:
-    """Whether the request's constraint can mask its next token (optional `ready()`: units compiled)."""
-    ready = getattr(seq.constraint, "ready", None)
-    return ready is None or ready()
+    """Whether the request's constraint can mask its next token (its units compiled)."""
+    return seq.constraint is None or seq.constraint.ready()

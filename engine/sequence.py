@@ -5,41 +5,17 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
+from engine.constraint import Constraint
 from engine.detokenizer import Detokenizer, StopStrings
 from engine.logprobs import TokenLogprob
 from engine.penalties import make_penalties
 from engine.sampling import SamplingParams
 
 _ids = itertools.count()
-
-
-class Constraint(Protocol):
-    """The per-request matcher of the constraint interface (see DESIGN.md).
-
-    ``fill``'s budget is the number of tokens the request may still generate, this one included:
-    the constraint keeps only tokens after which its output can still close within it.
-    ``budget_forced`` tells whether that ever narrowed a mask; ``closed()`` whether stopping now
-    cuts nothing (then running out of budget ends the request with "stop", not "length").
-    """
-
-    budget_forced: bool
-
-    def fill(self, bitmask_row: torch.Tensor, budget: int | None = None) -> None: ...
-    def advance(self, token_id: int) -> None: ...
-    def forced(self) -> list[int]: ...
-    def finished(self) -> bool: ...
-    def closed(self) -> bool: ...
-    def is_terminated(self) -> bool: ...
-    def min_tokens(self) -> int: ...
-    def free_text(self) -> bool: ...  # whether the output is free text here: stop strings and stop
-    # tokens apply only there (a tool call or a structured output is never cut by them)
-    # Optional: sparse_mask(budget) -> grammars.masks.sparse_mask.SparseMask | None, the tokens
-    # fill(row, budget) would allow as memoised id lists, without a fill (None: fill instead);
-    # ConstraintMasker uses it on CPU when present.
 
 
 @dataclass

@@ -227,11 +227,8 @@ def prime(constraint, budget: int) -> None:
     its prompt prefilled: the memos it fills are shared, so the engine's first step reads them (on a
     grammar's first request that step took 100-180 µs, replayed on SmolLM2; 60-80 primed). The
     constraint's own state is left as it was."""
-    ask = getattr(constraint, "sparse_mask", None)
-    if ask is None:
-        return
     forced = constraint.budget_forced
-    sparse = ask(budget)
+    sparse = constraint.sparse_mask(budget)
     constraint.budget_forced = forced
     if sparse is not None:
         sparse.address  # noqa: B018 - made once per mask: where the pick reads its ids

@@ -61,17 +61,27 @@ def run_hooked(tiny_model, tokenizer, hook, params):
 
 
 class ForcesRun:
-    """A free-text constraint that forces ``tokens`` right after the first sampled token (jump-forward)."""
+    """A free-text constraint (engine/constraint.py) that forces ``tokens`` right after the first
+    sampled token (jump-forward)."""
     budget_forced = False
 
     def __init__(self, tokens):
         self.tokens, self.advanced = list(tokens), 0
 
+    def ready(self):
+        return True
+
     def fill(self, row, budget=None):
-        pass
+        row.fill_(-1)  # every token
+
+    def sparse_mask(self, budget=None):
+        return None
 
     def advance(self, token):
         self.advanced += 1
+
+    def rollback(self, n):
+        self.advanced -= n
 
     def forced(self):
         return self.tokens if self.advanced == 1 else []

@@ -141,6 +141,10 @@ class JsonValueMatcher:
         """Never: the whole output is the JSON value (stop strings do not apply inside it)."""
         return False
 
+    def ready(self) -> bool:
+        """Always: its automaton is built before it exists."""
+        return True
+
     def finished(self) -> bool:
         """Whether the output so far is a complete value (EOS would be accepted)."""
         return self._terminated or self.automaton.is_final(self._q, self._frame)

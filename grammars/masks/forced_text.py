@@ -19,7 +19,7 @@ reach further back is not redone.
 
 Exact: a byte counts as forced only if no allowed token begins otherwise, so the text returned is
 text the masked model would have had to write; only its split into tokens is the tokenizer's.
-Needs from a constraint: sparse_mask() or fill(), advance(), rollback(); others get nothing.
+Reads a constraint (engine/constraint.py) by sparse_mask() or fill(), advance() and rollback().
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ class ForcedText:
         (the tokens the request may still generate), the run stops before a token after which the
         output could no longer close within it: the tokenizer's split may be longer than the
         shortest, and near the end of the budget the masked model then picks the shorter one."""
-        if not _walkable(constraint):
-            return []
         text = self._walk(constraint)
         return self._tokens(constraint, text, budget) if len(text) > 1 else []
 
@@ -65,8 +63,6 @@ class ForcedText:
         [sampled] where nothing is forced after it. Where that split does not cover the sampled
         token's text (a split the constraint refuses), the sampled token stays and the forced run
         after it is split on its own. The constraint is left as it was."""
-        if not _walkable(constraint):
-            return [sampled]
         constraint.advance(sampled)  # a refused token raises here, as appending it would
         try:
             text = self._walk(constraint)
@@ -111,8 +107,7 @@ class ForcedText:
 
     def _allowed(self, constraint) -> np.ndarray | None:
         """The ids the constraint allows next (int64, ascending) when they are few, else None."""
-        get = getattr(constraint, "sparse_mask", None)
-        sparse = get(None) if get is not None else None
+        sparse = constraint.sparse_mask(None)
         if sparse is None:
             self._row.zero_()
             constraint.fill(self._row, None)
@@ -122,8 +117,7 @@ class ForcedText:
     def _allows(self, constraint, token: int) -> bool:
         """Whether the constraint allows ``token`` next (by its mask without a budget; inside a
         string most tokens are, and the short side of the mask is the banned one)."""
-        get = getattr(constraint, "sparse_mask", None)
-        sparse = get(None) if get is not None else None
+        sparse = constraint.sparse_mask(None)
         if sparse is not None:
             return _contains(sparse.array, token) == sparse.allowed
         self._row.zero_()
@@ -171,10 +165,6 @@ class ForcedText:
         finally:
             constraint.rollback(len(taken))
         return taken[:-1] if not keep_last and spelled == text and len(taken) == len(ids) else taken
-
-
-def _walkable(constraint) -> bool:
-    return all(hasattr(constraint, name) for name in ("rollback", "advance", "fill"))
 
 
 def _contains(ids: np.ndarray | None, token: int) -> bool:

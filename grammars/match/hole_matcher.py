@@ -292,3 +292,7 @@ class HoleMatcher:
 
     def free_text(self) -> bool:
         return False
+
+    def ready(self) -> bool:
+        """Always: its units are compiled before it exists."""
+        return True

@@ -167,6 +167,10 @@ class Matcher:
             guide.rollback_state(len(out))
         return out
 
+    def ready(self) -> bool:
+        """Always: its grammar is compiled before the matcher exists."""
+        return True
+
     def free_text(self) -> bool:
         """Never: the whole output is constrained (stop strings do not apply inside it)."""
         return False

@@ -264,3 +264,10 @@ class UnionMatcher:
 
     def is_terminated(self) -> bool:
         return all(self._matchers[i].is_terminated() for i in self._live)
+
+    def free_text(self) -> bool:
+        return False
+
+    def ready(self) -> bool:
+        """Always: its units are compiled before it exists."""
+        return True

@@ -284,3 +284,6 @@ class NameFirstMatcher:
     def is_terminated(self) -> bool:
         return self._union is not None and self._union.is_terminated()
 
+    def free_text(self) -> bool:
+        return False
+

@@ -159,11 +159,23 @@ def test_forced_tokens_in_a_batch_give_the_constrained_text(tiny_model, smollm_t
 
 
 def test_a_constraint_that_fails_fails_only_its_own_request(engine, smollm_tokenizer):
-    class Refuses:
+    class Refuses:  # engine/constraint.py's methods; advance refuses every token
         budget_forced = False
 
+        def ready(self):
+            return True
+
         def fill(self, row, budget=None):
+            row.fill_(-1)
+
+        def sparse_mask(self, budget=None):
+            return None
+
+        def rollback(self, n):
             pass
+
+        def free_text(self):
+            return False
 
         def closed(self):
             return False
