@@ -24,14 +24,29 @@ _EXPORTS = {
     "allocate_token_bitmask": "grammars.masks.bitmask",
     "fill_next_token_bitmasks": "grammars.masks.bitmask",
     "apply_token_bitmask_inplace": "grammars.masks.bitmask",
+    "ToolCall": "grammars.tools.tool_call",
+    "ToolFormat": "grammars.tools.formats.base",
+    "ToolFormatError": "grammars.tools.formats.call_regex",
+    "NO_PARAMETERS_SCHEMA": "grammars.tools.formats.call_regex",
+    "chosen_specs": "grammars.tools.formats.call_regex",
+    "get_tool_format": "grammars.tools.formats",
+    "ArgsDelta": "grammars.tools.formats",
+    "CallEnd": "grammars.tools.formats",
+    "CallStart": "grammars.tools.formats",
+    "Content": "grammars.tools.formats",
+    "ForcedText": "grammars.masks.forced_text",
+    "prepare_name_stage": "grammars.tools.name_stage",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
+_RENAMED = {"prepare_name_stage": "prepare"}  # facade name -> the module's own
+
+
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'grammars' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    value = getattr(importlib.import_module(_EXPORTS[name]), _RENAMED.get(name, name))
     globals()[name] = value
     return value

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from grammars.tools.formats import ArgsDelta, CallEnd, CallStart, Content
+from grammars import ArgsDelta, CallEnd, CallStart, Content
 from server.output_stream import Finish, Reasoning, failure
 
 

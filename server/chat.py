@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import AsyncIterator
 
-from grammars.tools.formats import ArgsDelta, CallStart, Content
+from grammars import ArgsDelta, CallStart, Content
 from server.errors import APIError
 from server.generation import GenerationRequest, Prepared, prepare as prepare_job, start as start_job
 from server.logprob_format import chat_logprobs

@@ -79,8 +79,7 @@ def cmd_serve(args) -> int:
     from server.app import create_app
     from server.state import ServerState
 
-    from grammars import GrammarCompiler, TokenVocabulary
-    from grammars.tools import name_stage
+    from grammars import ForcedText, GrammarCompiler, TokenVocabulary, prepare_name_stage
 
     done, leader = _ranks(args)
     if isinstance(done, int):
@@ -91,10 +90,9 @@ def cmd_serve(args) -> int:
     compiler = GrammarCompiler(vocabulary, cache_dir=args.grammar_cache or None, timeout_s=args.grammar_timeout,
                                lru_bytes=int(args.grammar_memory_mb * (1 << 20)), workers=args.grammar_workers)
     compiler.json_automaton()  # json_object and free-form values need it: built (or read from disk) now
-    name_stage.prepare(vocabulary)  # the tables a call written before its units are compiled reads
+    prepare_name_stage(vocabulary)  # the tables a call written before its units are compiled reads
     compiler.drain()  # the automaton's masks and the holes' exits made before the first request
     compiler.set_engine_idle(lambda: engine.idle)  # background compiles wait for the engine's idle time
-    from grammars.masks.forced_text import ForcedText
     engine.forced_text = ForcedText(vocabulary, loaded.tokenizer)
     from server.responses import ResponseStore
     state = ServerState(model_name=loaded.name, tokenizer=loaded.tokenizer,

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Union
 
-from grammars.tools.formats import ArgsDelta, CallEnd, CallStart, Content
+from grammars import ArgsDelta, CallEnd, CallStart, Content
 from server.errors import APIError
 from server.generation import Prepared
 from server.state import ServerState

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from grammars import GrammarError, UnsupportedSchemaError
-from grammars.schema.json_schema import UNSUPPORTED_KEYWORDS
+from grammars import UNSUPPORTED_KEYWORDS
 from server.errors import APIError
 from server.schema_check import check_schema
 from server.state import ServerState

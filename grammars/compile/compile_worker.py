@@ -26,10 +26,17 @@ import time
 
 from grammars.errors import CompileTimeout, GrammarError, UnsupportedSchemaError
 
+
 _STARTUP_TIMEOUT_S = 60.0
 _PIPE_BYTES = 1 << 20  # the default /proc/sys/fs/pipe-max-size
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding grammars/
 _BOOT = f"import sys; sys.path.insert(0, {_ROOT!r}); from grammars.compile.compile_worker import serve; serve()"
+
+
+def default_workers() -> int:
+    """Compile processes when not configured: one per core the process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores)
 
 
 def _write(stream, obj) -> None:

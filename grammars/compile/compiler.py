@@ -1,21 +1,19 @@
 """GrammarCompiler: regex / JSON schema -> CompiledGrammar, cached in memory and on disk.
 
 Cache key: sha256 of CACHE_VERSION (the versions of outlines-core, interegular and numpy, and of
-maskd's code that builds a unit: grammars/files/cache_version.py), the vocabulary fingerprint and the
-regex.  The memory cache is an LRU of CompiledGrammar objects bounded in entries and in bytes
-(grammars/compile/grammar_memory.py; over 160 MaskBench schemas a grammar holds ~140 KB at p50 and up to
-~27 MB, MCP schemas with many URI strings); the disk cache, in a folder of this user's alone
-(private_dir.py), holds each unit's TokenIndex and BudgetTable as plain arrays, never a pickle
-(``<cache_dir>/<key>.unit.npz``, grammars/compile/unit_file.py).
+maskd's code that builds a unit: grammars/files/cache_version.py), the vocabulary fingerprint and
+the regex. The memory cache is an LRU bounded in entries and in bytes (grammar_memory.py); the disk
+cache, in a folder of this user's alone, holds each unit's TokenIndex and BudgetTable as plain
+arrays, never a pickle (``<cache_dir>/<key>.unit.npz``, unit_file.py).
 Misses are compiled in a pool of CompileWorker child processes (one per core by default) with a
 time limit per grammar (see there for why a process and not a thread). The limit is the unit's own
 compile time, from when a worker takes it: a request with many new tools queues its units behind
-each other (and behind other requests'), and a unit must not fail for the time its siblings took
-(25 new tools at ~1 s each on a 262k vocabulary would). The request's deadline (--request-timeout)
-bounds how long its client waits. Workers are handed out by priority, then in order of asking:
-``prefer`` moves a unit a request now waits on ahead of the others. ``submit_regex`` starts a
-compile and returns a future at once (one per unit, shared by its askers: grammars/compile/compile_futures.py),
-so a request's units compile side by side, and beside its prefill; a memory hit is a future done.
+each other (and behind other requests'), and a unit must not fail for the time its siblings
+took. The request's deadline (--request-timeout) bounds how long its client waits. Workers are
+handed out by priority, then in order of asking: ``prefer`` moves a unit a request now waits on
+ahead of the others. ``submit_regex`` starts a compile and returns a future at once (one per
+unit, shared by its askers: compile_futures.py), so a request's units compile side by side, and
+beside its prefill; a memory hit is a future done.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import asyncio
 import concurrent.futures
 import hashlib
 import json
-import os
 import pickle
 import threading
 import time
@@ -34,7 +31,7 @@ from typing import Iterable
 from grammars.compile.background import Background
 from grammars.files.cache_version import UNIT_VERSION
 from grammars.compile.compile_futures import CompileFutures
-from grammars.compile.compile_worker import CompileWorker
+from grammars.compile.compile_worker import CompileWorker, default_workers
 from grammars.match.grammar import CompiledGrammar
 from grammars.errors import CompileTimeout, GrammarError
 from grammars.compile.grammar_memory import FailureMemory, GrammarLRU
@@ -43,12 +40,6 @@ from grammars.files.private_dir import private_dir
 from grammars.compile.unit_file import UnitFolder
 from grammars.index.vocabulary import TokenVocabulary
 from grammars.compile.worker_turns import BACKGROUND, NEEDED, NOW, SCHEMA, WorkerTurns
-
-
-def default_workers() -> int:
-    """Compile processes when not configured: one per core the process may use."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores)
 
 
 CACHE_VERSION = UNIT_VERSION  # what shapes a cached unit besides its regex and vocabulary
@@ -243,6 +234,13 @@ class GrammarCompiler:
 
     async def compile_regex_async(self, regex: str) -> CompiledGrammar:
         return await asyncio.to_thread(self.compile_regex, regex)
+
+    def tool_call(self, tokenizer, tool_format: str, tools: list[dict], regex_of, mode: str, name: str | None,
+                  parallel: bool, on_compiled=None):
+        """A request's tool-call constraint, its units submitted (grammars/tools/tool_call.py)."""
+        from grammars.tools.tool_call import build_tool_call
+
+        return build_tool_call(self, tokenizer, tool_format, tools, regex_of, mode, name, parallel, on_compiled)
 
     def close(self) -> None:
         """Stop the worker processes (after the disk writes queued; warm-ups stop)."""

@@ -43,7 +43,7 @@ def check(calls: list[tuple[str, str]], finish: str, functions: dict[str, dict])
 
 def delimiter_bias(tokenizer, tool_format: str) -> dict[str, float]:
     """logit_bias favouring the tokens of the model's call-opening delimiter (`<tool_call>`)."""
-    from grammars.tools.formats import get_tool_format
+    from grammars import get_tool_format
 
     opening = get_tool_format(tool_format).open
     return {str(t): 30.0 for t in tokenizer.encode(opening, add_special_tokens=False)}
