@@ -19,7 +19,7 @@ from server.prompt import render_chat
 from server.reasoning import ReasoningSplitter
 from server.state import ServerState
 from server.structured_output import OutputFormat, build_format_constraint
-from server.tool_calls import PendingTools, ToolChoice, build_tool_constraint, tool_format_of
+from server.tool_calls import PendingTools, ToolChoice, build_tool_call, tool_format_of
 
 
 @dataclass(frozen=True)
@@ -172,13 +172,13 @@ async def prepare(state: ServerState, job: GenerationRequest) -> Prepared:
     default = min(n for n in (room, state.default_max_tokens, cap) if n)  # the cap bounds the default too
     params = replace(job.sampling, max_tokens=budget or default)
     requests, pending, keep = [], [], frozenset()
-    for row in range(job.n):  # each row has its own constraint state; compiled units are shared
+    call = await build_tool_call(state, job.tools, choice, job.parallel_tool_calls, f) if choice.mode != "none" else None
+    for row in range(job.n):  # each row has its own constraint state; the calls' parts are built once
         constraint = None
         row_params = params if params.seed is None else replace(params, seed=params.seed + row)  # n distinct rows
-        if choice.mode != "none":
-            tools_pending, keep = await build_tool_constraint(state, job.tools, choice, job.parallel_tool_calls, f)
-            pending.append(tools_pending)
-            constraint = tools_pending.constraint
+        if call is not None:
+            pending.append(PendingTools(call, call.row(), f))
+            constraint, keep = pending[-1].constraint, call.keep
         elif job.output_format is not None:
             constraint = await build_format_constraint(state, job.output_format, f)
             check_budget(constraint, budget, room, f)

@@ -47,18 +47,15 @@ async def _args_regexes(state: ServerState, tools: list[dict], forced_name: str 
 
 @dataclass
 class PendingTools:
-    """A tool constraint whose units are compiling: ``wait()`` attaches them, or raises the 400."""
-    call: object  # grammars.ToolCall: the constraint and its units' futures
+    """A row's tool constraint whose units are compiling: ``wait()`` attaches them, or raises the 400."""
+    call: object  # grammars.ToolCall: the request's calls and its units' futures, shared by its rows
+    constraint: object  # this row's (call.row())
     fields: object  # generation.Fields: how the API names the tools' schemas
-
-    @property
-    def constraint(self):
-        return self.call.constraint
 
     async def name_first(self, state: ServerState, budget: int | None, room: int) -> bool:
         """Whether the request may start before its units are compiled (grammars/tools/name_stage.py);
         then ``wait()`` runs beside it. The stage is built here, while the prompt prefills."""
-        return await asyncio.to_thread(self.call.name_first, state.vocabulary, budget, room)
+        return await asyncio.to_thread(self.call.name_first, self.constraint, state.vocabulary, budget, room)
 
     def hurry(self) -> None:
         self.call.hurry()
@@ -66,7 +63,7 @@ class PendingTools:
     async def wait(self) -> None:
         first = [await self._result(f, i) for i, f in enumerate(self.call.units)]
         later = [await self._result(f, i) for i, f in enumerate(self.call.later)] if self.call.later else None
-        self.call.attach(first, later)
+        self.call.attach(self.constraint, first, later)
 
     async def _result(self, future, i: int):
         try:
@@ -78,10 +75,9 @@ class PendingTools:
                            code="grammar_compilation_failed") from exc
 
 
-async def build_tool_constraint(state: ServerState, tools: list[dict], choice: ToolChoice, parallel: bool,
-                                fields) -> tuple[PendingTools, frozenset[int]]:
-    """The call constraint for auto/required/named (its units compiling, grammars' GrammarCompiler.tool_call),
-    and the special tokens to keep in the text."""
+async def build_tool_call(state: ServerState, tools: list[dict], choice: ToolChoice, parallel: bool, fields):
+    """The request's grammars.ToolCall for auto/required/named (its units compiling; once for its
+    rows, each of which takes `PendingTools(call, call.row(), fields)`)."""
     tools = [{**tool, "function": {k: v for k, v in tool["function"].items() if k != "strict"}} for tool in tools]
     regexes = await _args_regexes(state, tools, choice.name, fields)
     try:
@@ -90,7 +86,7 @@ async def build_tool_constraint(state: ServerState, tools: list[dict], choice: T
                                        state.engine.wake)  # a row held for its unit goes on at once
     except ToolFormatError as exc:
         raise APIError(str(exc), param=fields.tools) from exc
-    return PendingTools(call, fields), call.keep
+    return call
 
 
 def tool_format_of(state: ServerState) -> ToolFormat:

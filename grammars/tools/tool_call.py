@@ -1,15 +1,17 @@
-"""ToolCall: a request's tool-call constraint and its units while they compile.
+"""ToolCall: a request's tool calls, built once and shared read-only by its rows: the call
+tokens, trigger masks and units (compiling), from which `row()` makes each row's constraint.
 
 Built by `GrammarCompiler.tool_call` from the request's tools (their arguments' regexes already
 made), the tool choice and the model's call format: each tool is one unit, so only tools not
 compiled before cost a compile. The server waits on `units` (and `later`) and hands the results
-to `attach`; where the call may start before its units are compiled (name first,
+to `attach` for each row; where the call may start before its units are compiled (name first,
 grammars/tools/name_stage.py), `name_first` attaches the name stage instead.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +24,7 @@ from grammars.tools.tool_grammar import tool_grammar, tool_tokens
 
 @dataclass
 class ToolCall:
-    constraint: ToolCallConstraint
+    make: Callable[[], ToolCallConstraint]  # a fresh row constraint (see row())
     names: tuple[str, ...]  # per unit: its tool's name
     positions: tuple[int, ...]  # per unit: its tool's position in the request's tools
     units: list[concurrent.futures.Future]  # CompiledGrammar per first-block unit
@@ -31,15 +33,22 @@ class ToolCall:
     keep: frozenset[int]  # special tokens of the call's delimiters, kept in the text
     name_first_ok: bool  # a required call whose units may not all be compiled yet
     prefer: Callable[..., None]  # the compiler's prefer(regex, now)
+    _stage: object = None  # the name stage, built once for the rows (False: none can be built)
+    _unions: tuple | None = None  # (first, later) UnitUnions, built once for the rows
 
-    def name_first(self, vocabulary, budget: int | None, room: int) -> bool:
-        """Whether the request may start before its units are compiled; then the server waits on
-        them beside it. Builds the name stage (slow: call it off the event loop)."""
+    def row(self) -> ToolCallConstraint:
+        """A row's constraint: its own state over the shared tokens, masks and units."""
+        return self.make()
+
+    def name_first(self, constraint: ToolCallConstraint, vocabulary, budget: int | None, room: int) -> bool:
+        """Whether the row may start before its units are compiled; then the server waits on them
+        beside it. Builds the name stage for the first row (slow: call it off the event loop)."""
         if not self.name_first_ok or all(f.done() for f in self.units) or \
                 any(f.done() and f.exception() is not None for f in self.units):  # known bad: the error now
             return False
-        stage = name_stage(vocabulary, list(self.regexes), self.units, self.prefer)
-        return stage is not None and self.constraint.attach_stage(stage, budget, room)
+        if self._stage is None:
+            self._stage = name_stage(vocabulary, list(self.regexes), self.units, self.prefer) or False
+        return self._stage is not False and constraint.attach_stage(self._stage, budget, room)
 
     def hurry(self) -> None:
         """The request waits on its units now: those submitted as background compiles (name first
@@ -48,9 +57,11 @@ class ToolCall:
             for regex in self.regexes:
                 self.prefer(regex, now=False)
 
-    def attach(self, first: list, later: list | None) -> None:
-        """The compiled units (CompiledGrammar, in the order of `units` and `later`)."""
-        self.constraint.attach(UnitUnion(first), UnitUnion(later) if later else None)
+    def attach(self, constraint: ToolCallConstraint, first: list, later: list | None) -> None:
+        """Gives a row the compiled units (CompiledGrammar, in the order of `units` and `later`)."""
+        if self._unions is None:
+            self._unions = (UnitUnion(first), UnitUnion(later) if later else None)
+        constraint.attach(*self._unions)
 
 
 def build_tool_call(compiler, tokenizer, tool_format: str, tools: list[dict], regex_of: Callable[[dict], str],
@@ -80,8 +91,8 @@ def build_tool_call(compiler, tokenizer, tool_format: str, tools: list[dict], re
         tokens_of_trigger = set(single)
     keep = (set(tokens.open) | set(tokens.close) | set(tokens.separator or ()) | set(tokens.end)
             | tokens_of_trigger) & set(tokenizer.all_special_ids)
-    constraint = ToolCallConstraint(tokens, required=mode != "auto", vocabulary=compiler.vocabulary,
-                                    trigger=trigger, bare_object_at_start=grammar.bare_object_at_start)
+    make = functools.partial(ToolCallConstraint, tokens, required=mode != "auto", vocabulary=compiler.vocabulary,
+                             trigger=trigger, bare_object_at_start=grammar.bare_object_at_start)
     names = [tool["function"]["name"] for tool in tools]
-    return ToolCall(constraint, grammar.names, tuple(names.index(n) for n in grammar.names), units, later,
+    return ToolCall(make, grammar.names, tuple(names.index(n) for n in grammar.names), units, later,
                     grammar.units, frozenset(keep), name_first_ok, compiler.prefer)

@@ -59,6 +59,18 @@ def test_required_gives_valid_calls(client):
     assert reply.choices[0].message.content is None
 
 
+def test_n_rows_each_make_their_own_valid_calls(client):
+    """n choices share the request's tool calls (built once) and each keeps its own state: three
+    sampled rows, three sets of valid calls, each row's the ones it gives with its seed alone."""
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=60, temperature=1.0, seed=5, n=3)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    rows = [[(c.function.name, c.function.arguments) for c in valid_calls(choice.message)] for choice in reply.choices]
+    alone = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=60, temperature=1.0, seed=6)  # row 1's seed (seed + row)
+    assert rows[1] == [(c.function.name, c.function.arguments) for c in valid_calls(alone.choices[0].message)]
+
+
 def test_named_tool_choice_calls_that_tool_once(client):
     reply = client.chat.completions.create(
         model=MODEL, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
