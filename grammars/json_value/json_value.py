@@ -17,6 +17,8 @@ types, whether the stack is empty (EOS) and the head-room below the cap, and is 
 key as a packed int32 row (grammars/masks/bitmask.py) and a SparseMask: a step is a dict lookup and a
 copy.  Distances to completion (budgets, ``min_tokens``) come from JsonValueDistance's interned
 stack profiles, memoised per (q, profiles of the innermost ``pops[q] + 1`` depths, head-room).
+
+Over 300 lines: the automaton is one idea, its state, step and mask read together.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 """check_one_of: `oneOf` is compiled as `anyOf`, so it is accepted only where the two are the same.
+(Over 300 lines: one idea, the rules that tell branches apart, which read better side by side.)
 
 outlines-core turns `oneOf` into the same alternation as `anyOf`, so an output matching two branches
 could be written although `oneOf` forbids it (and the server's output check would then withhold it as

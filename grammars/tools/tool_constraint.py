@@ -2,16 +2,12 @@
 
 Phases: TEXT (auto mode: anything, but the trigger arms the call grammar and is never overrun),
 FORCED (delimiter tokens written one by one: OPEN, CLOSE, SEPARATOR+OPEN, END), CALL (a block: the
-tools' units, grammars/match/unit_union.py), AFTER (parallel: end the turn or start another block), DONE
-(only EOS). Same interface as Matcher: fill / sparse_mask / advance / forced / finished /
-is_terminated / rollback.
-
-The units may still be compiling when the request starts: the constraint is made with its
-delimiters and `attach(units)` gives it the compiled units later; until then `ready()` is false and
-the engine holds the request back before its first token (the prompt is prefilled meanwhile). With
-a name stage (`attach_stage`, grammars/tools/name_stage.py) a block starts before its units are compiled:
-the tool's literal opening is written meanwhile, and only a row whose chosen tool's unit is not
-compiled yet is held, where its literal ends.
+tools' units, unit_union.py), AFTER (parallel: end the turn or start another block), DONE (only
+EOS). A Constraint (engine/constraint.py). The units may still be compiling when the request
+starts: `attach(units)` gives them later; until then `ready()` is false and the engine holds the
+row before its first token (the prompt is prefilled meanwhile). With a name stage (`attach_stage`,
+name_stage.py) a block starts before its units are compiled: the tool's literal opening is written
+meanwhile, and only a row whose chosen tool's unit is not compiled yet is held, where its literal ends.
 """
 
 from __future__ import annotations
