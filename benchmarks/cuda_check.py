@@ -240,14 +240,24 @@ def alone(ctx, prompt: list[int], n: int, **kwargs) -> list[int]:
 
 
 class AllowOnly:
-    """A constraint that allows `tokens` at every step: it fills the packed bitmask row that
-    ConstraintMasker copies to the logits' device and applies there (it offers no sparse_mask)."""
+    """A constraint (engine/constraint.py) that allows `tokens` at every step: it fills the packed
+    bitmask row that ConstraintMasker copies to the logits' device and applies there (its
+    sparse_mask is None)."""
 
     budget_forced = False
 
     def __init__(self, tokens: list[int]):
         self.tokens = sorted(tokens)
         self._row: torch.Tensor | None = None  # int32 [W], made at the first fill
+
+    def ready(self) -> bool:
+        return True
+
+    def sparse_mask(self, budget=None) -> None:
+        return None
+
+    def rollback(self, n: int) -> None:
+        pass
 
     def fill(self, row: torch.Tensor, budget=None) -> None:  # row: int32 [W], bit j of word w = token 32w + j
         if self._row is None:
