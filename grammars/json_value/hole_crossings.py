@@ -27,19 +27,19 @@ def entering(tables, state: int) -> tuple[list[int], int]:
     and go on (the value's own first tokens are not listed: JsonValueMatcher masks them). Memoised
     with their costs (``("enter-costs", state)``: HoleTables.entering_costs)."""
     key = ("enter", state)
-    if key not in tables._memo:
-        edges, walked = tables._edges.get(state, {}), []
+    if key not in tables.memo:
+        edges, walked = tables.edges.get(state, {}), []
         if len(edges) > _FEW_EDGES and not tables.is_hole(state):  # as in a string: the tokens long enough
-            walked = walk(tables, state, tables.exits.longer(tables._near.get(state, 0)), whole=False)
+            walked = walk(tables, state, tables.exits.longer(tables.near.get(state, 0)), whole=False)
         else:  # a token takes a unit byte first; by its first two bytes (one byte stays in the unit)
             for first, following in edges.items():
                 by_second = tables.exits.entries(first)
-                seconds = by_second if tables.is_hole(following) else by_second.keys() & tables._edges[following].keys()
+                seconds = by_second if tables.is_hole(following) else by_second.keys() & tables.edges[following].keys()
                 walked += [got for second in seconds for got in walk(tables, state, by_second[second], whole=False)]
         if tables.is_hole(state):  # a whole value and more: any first byte that may start a value
             walked += _starting(tables, state, edges)
         _keep(tables, key, ("enter-costs", state), walked)
-    return tables._memo[key]
+    return tables.memo[key]
 
 
 def _starting(tables, hole: int, edges: dict) -> list[tuple[int, tuple]]:
@@ -60,7 +60,7 @@ def leaving(tables, value_state, hole: int) -> tuple[list[int], int]:
     walk in the unit after the value. Memoised with their costs (HoleTables.leaving_costs)."""
     if len(value_state[1]) > EXIT_DEPTH:
         return [], 0
-    memo, key = tables._memo, ("leave", value_state, hole)
+    memo, key = tables.memo, ("leave", value_state, hole)
     if key not in memo:
         # what the unit makes of a list depends on the list and the hole alone: walked once per list
         # (ValueExits.exits shares one object among the states with the same tokens; it holds every list)
@@ -93,17 +93,17 @@ def _keep(tables, key: tuple, costs_key: tuple, walked: list) -> None:
     tokens = np.asarray([t for _, t in ordered], dtype=np.int64)
     costs = np.asarray([c for c, _ in ordered], dtype=np.int64)
     tokens.flags.writeable = costs.flags.writeable = False
-    tables._memo[("fits",) + key] = ([c for c, _ in ordered], tokens, {})
-    tables._memo[costs_key] = (tokens, costs)
-    tables._memo[key] = ([t for t, _ in walked], max(left, default=0))
+    tables.memo[("fits",) + key] = ([c for c, _ in ordered], tokens, {})
+    tables.memo[costs_key] = (tokens, costs)
+    tables.memo[key] = ([t for t, _ in walked], max(left, default=0))
 
 
 def entering_fit(tables, state: int, limit: int) -> np.ndarray:
     """int64: HoleTables.entering_costs' tokens after which at most ``limit`` tokens are left (memoised: fit)."""
-    fits = tables._memo.get(("fits", "enter", state))
+    fits = tables.memo.get(("fits", "enter", state))
     if fits is None:
         tables.entering(state)
-        fits = tables._memo[("fits", "enter", state)]
+        fits = tables.memo[("fits", "enter", state)]
     return fit(fits, limit)
 
 
@@ -115,10 +115,10 @@ def leaving_fit(tables, value_state, hole: int, limit: int) -> np.ndarray:
 def leaving_fits(tables, value_state, hole: int) -> tuple:
     """_keep's fits of leaving(value_state, hole) (the fewest left after each token, ascending; the
     tokens in that order; the slices made), for fit(); none deeper than EXIT_DEPTH."""
-    fits = tables._memo.get(("fits", "leave", value_state, hole))
+    fits = tables.memo.get(("fits", "leave", value_state, hole))
     if fits is None:
         tables.leaving(value_state, hole)
-        fits = tables._memo.get(("fits", "leave", value_state, hole), NO_FITS)
+        fits = tables.memo.get(("fits", "leave", value_state, hole), NO_FITS)
     return fits
 
 

@@ -22,7 +22,7 @@ def budget_ids(m, budget: int) -> SparseMask | None:
     after = tables.hole_after(m.hole)
     room = budget - m.grammar.min_tokens(after)
     fit = leaving_fit(tables, value.state, m.hole, budget - 1)
-    own = tables.automaton.sparse_at(value._q, value._frame, room) if room >= 1 else None
+    own = tables.automaton.sparse_at(value.q, value.frame, room) if room >= 1 else None
     return value_ids(m, room, own, fit, m.grammar.is_final(after))
 
 
@@ -52,7 +52,7 @@ def _unit_budget_ids(m, budget: int) -> SparseMask | None:
     the sentinel, the entering tokens that fit and, at a hole, the value's first tokens that fit,
     EOS not among them) where one side is short; else None."""
     tables, automaton = m.tables, m.tables.automaton
-    if m.unit._terminated:
+    if m.unit.eos_taken:
         return None
     state = m.unit.state
     fit = []

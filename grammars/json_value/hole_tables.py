@@ -50,10 +50,11 @@ class HoleTables:
         self.token_bytes = vocabulary.token_bytes
         self.width = grammar.width
         self.size = vocabulary.size
-        self._memo: dict[tuple, object] = {}  # idempotent entries: a race computes one twice
-        self._edges: dict[int, dict[int, int]] = {}  # unit state -> {byte: next state}
-        self._holes: dict[int, int] = {}  # unit state where a value starts -> the state after it
-        self._near: dict[int, int] = {}  # unit state within NEAR bytes of a hole -> how many bytes
+        # read and filled by hole_crossings.py, value_rungs.py and narrowed_ahead.py too:
+        self.memo: dict[tuple, object] = {}  # idempotent entries: a race computes one twice
+        self.edges: dict[int, dict[int, int]] = {}  # unit state -> {byte: next state}
+        self.holes: dict[int, int] = {}  # unit state where a value starts -> the state after it
+        self.near: dict[int, int] = {}  # unit state within NEAR bytes of a hole -> how many bytes
         self.exits = value_exits(vocabulary)  # the vocabulary's leaving tokens by value state
         self.narrowed = SecondAsk(self.size)  # (HoleMatcher.state, budget) -> its narrowed SparseMask
         self._held: tuple = (None, 0)  # (the memos' sizes, held_bytes) at the last count
@@ -61,7 +62,7 @@ class HoleTables:
     # -- the unit's side ------------------------------------------------------------------------------
     def hole_after(self, state: int) -> int | None:
         """The unit's state after a value that starts at ``state`` (None: no value starts there)."""
-        return self._holes.get(state)
+        return self.holes.get(state)
 
     def is_hole(self, state: int) -> bool:
         return self.hole_after(state) is not None
@@ -77,7 +78,7 @@ class HoleTables:
         labels = {t: b for b, t in self.byte_ids.items() if b != HOLE_BYTE}
         labels[self.sentinel] = 256  # one pass over the transitions for both (no byte is 256)
         edges = self.index.successors(labels)
-        self._holes = {state: out.pop(256) for state, out in edges.items() if 256 in out}
+        self.holes = {state: out.pop(256) for state, out in edges.items() if 256 in out}
         into: dict[int, set[int]] = {}  # state -> the states with a one-byte edge into it
         for state, out in edges.items():
             for following in out.values():
@@ -89,30 +90,30 @@ class HoleTables:
             if not frontier:
                 break
             near.update(dict.fromkeys(frontier, far))
-        self._edges, self._near = edges, near
+        self.edges, self.near = edges, near
         for state in sorted(near):
             self.unit_mask(state)
             self.unit_safe(state)
-        for hole in sorted(self._holes):  # 2-10 ms per hole; each as its first visit would make it
+        for hole in sorted(self.holes):  # 2-10 ms per hole; each as its first visit would make it
             for q in _ENDINGS:
                 for stack in _STACKS:
                     self.value_entry(value_at(self, q, stack), hole, now=True)
 
     def near_hole(self, state: int) -> bool:
         """Whether a hole is at most NEAR bytes away from ``state``."""
-        return state in self._near
+        return state in self.near
 
     def unit_mask(self, state: int) -> tuple[torch.Tensor, SparseMask | None] | None:
         """(row, sparse) at a unit state from which a value can be entered within one token; None
         where none can (then the unit's own masks apply unchanged)."""
         key = ("unit", state)
-        if key not in self._memo:
+        if key not in self.memo:
             got = None
             if self.near_hole(state):
                 got = self._row(self.grammar.state_mask_of(state), self.entering(state)[0], clear=self.sentinel_ids,
                                 words=self.value_start() if self.is_hole(state) else None)
-            self._memo[key] = got
-        return self._memo[key]
+            self.memo[key] = got
+        return self.memo[key]
 
     def unit_safe(self, state: int) -> int:
         """The least budget at which HoleMatcher.narrows is false at unit ``state``, and at every larger
@@ -122,13 +123,13 @@ class HoleTables:
         if not self.near_hole(state):  # the unit's own (memoised by the budget table)
             return self.grammar.budget.safe_budget(state)
         key = ("safe", state)
-        got = self._memo.get(key)
+        got = self.memo.get(key)
         if got is None:  # made in prepare()
             got = self.grammar.budget.safe_budget(state)
             if self.is_hole(state):
                 start = self.automaton.safe_budget(*self.automaton.initial("value"))
                 got = max(got, self.grammar.min_tokens(self.hole_after(state)) + max(1, start))
-            got = self._memo[key] = max(got, self.entering(state)[1] + 1)
+            got = self.memo[key] = max(got, self.entering(state)[1] + 1)
         return got
 
     def entering(self, state: int) -> tuple[list[int], int]:
@@ -139,25 +140,25 @@ class HoleTables:
         """(int64 entering(state)'s tokens, int64 the fewest tokens left after each): what a budget
         keeps of them, read without walking each token again at every narrowed step."""
         self.entering(state)
-        return self._memo[("enter-costs", state)]
+        return self.memo[("enter-costs", state)]
 
     def leaving_costs(self, value_state, hole: int) -> tuple[np.ndarray, np.ndarray]:
         """As entering_costs, for leaving(value_state, hole)'s tokens (made with them)."""
         if len(value_state[1]) > EXIT_DEPTH:
             return NO_TOKENS, NO_TOKENS
         self.leaving(value_state, hole)
-        return self._memo[("leave-costs", value_state, hole)]
+        return self.memo[("leave-costs", value_state, hole)]
 
     def value_start(self) -> np.ndarray:
         """uint32 [W]: the packed tokens a value may start with (EOS not among them)."""
         key = ("start",)
-        if key not in self._memo:
+        if key not in self.memo:
             row = torch.zeros(self.width, dtype=torch.int32)  # [W]
             JsonValueMatcher(self.automaton, top="value").fill(row)
             words = row.numpy().view(np.uint32)
             words_off(words, self.automaton.eos_token_ids)
-            self._memo[key] = words
-        return self._memo[key]
+            self.memo[key] = words
+        return self.memo[key]
 
     def least(self, end) -> int:
         """grammars/json_value/hole_crossings.py least(): the fewest tokens left at an end of run()."""
@@ -182,9 +183,9 @@ class HoleTables:
     def kept(self, key: tuple, make):
         """The memo's entry at ``key``, made by ``make()`` on its first ask (one made meanwhile by another
         thread is the one kept and read)."""
-        if key not in self._memo:
-            self._memo.setdefault(key, make())
-        return self._memo[key]
+        if key not in self.memo:
+            self.memo.setdefault(key, make())
+        return self.memo[key]
 
     def value_mask(self, value: JsonValueMatcher, hole: int) -> tuple[torch.Tensor, SparseMask | None]:
         """(row, sparse) inside the value that started at unit state ``hole``: its own tokens (EOS only
@@ -202,45 +203,45 @@ class HoleTables:
         None (it keeps the packed apply, and never pays the conversion, 20-50 us, if it is not
         visited again) and later ones (or ``now``) the row's conversion."""
         key = self._value_key(value, hole)
-        got = self._memo.get(key)
+        got = self.memo.get(key)
         if got is None:
             got = self._value(value, hole, row=False, key=key)
             if got[1] is _LATER and not now:
                 return got[0], None, got[2]
         if got[1] is _LATER:
-            got = self._memo[key] = (got[0], sparse_mask(got[0], self.size), got[2])
+            got = self.memo[key] = (got[0], sparse_mask(got[0], self.size), got[2])
         return got
 
     def _value_key(self, value: JsonValueMatcher, hole: int) -> tuple:
         if len(value.state[1]) <= EXIT_DEPTH:
             return ("value", value.state, hole)
         # no token leaves from this deep: the automaton's own mask, keyed as it keys it
-        return ("deep", id(self.automaton.entry(value._q, value._frame)), self.grammar.is_final(self.hole_after(hole)))
+        return ("deep", id(self.automaton.entry(value.q, value.frame)), self.grammar.is_final(self.hole_after(hole)))
 
     def _value(self, value: JsonValueMatcher, hole: int, row: bool, key: tuple | None = None) -> tuple:
         """The memo's (row or None, its SparseMask or _LATER, the least budget that never narrows);
         the row is made where ``row`` asks for it or no SparseMask could be made without it."""
         key = key or self._value_key(value, hole)  # value_entry passes the key it computed
-        got = self._memo.get(key)
+        got = self.memo.get(key)
         if got is not None and (got[0] is not None or not row):
             return got
         state, after = value.state, self.hole_after(hole)
-        entry = self.automaton.entry(value._q, value._frame)
+        entry = self.automaton.entry(value.q, value.frame)
         clear = [] if self.grammar.is_final(after) else list(self.automaton.eos_token_ids)
         leave, most = self.leaving(state, hole)
         if got is None:
             safe = None
             if key[0] == "value":  # narrows(): room < 1, the value's own budget row, a leaving token's rest
                 rest = self.grammar.min_tokens(after)
-                safe = max(rest + 1, rest + self.automaton.safe_budget(value._q, value._frame), most + 1)
+                safe = max(rest + 1, rest + self.automaton.safe_budget(value.q, value.frame), most + 1)
             own = ("own", id(entry), bool(clear))  # the automaton's ids less EOS, shared by value states
-            if own not in self._memo:
-                self._memo[own] = changed(entry.sparse, [], clear)
-            sparse = changed(self._memo[own], leave, [])
+            if own not in self.memo:
+                self.memo[own] = changed(entry.sparse, [], clear)
+            sparse = changed(self.memo[own], leave, [])
             got = (None, _LATER if sparse is None else sparse, safe)
         if row or got[1] is _LATER:  # value.fill's row, copied by _row
             got = (self._row(entry.row, leave, clear=clear, convert=False)[0], got[1], got[2])
-        self._memo[key] = got
+        self.memo[key] = got
         return got
 
     def held_bytes(self) -> int:
@@ -248,7 +249,7 @@ class HoleTables:
         shared by several entries, once). Recounted only once entries were added since the last count
         (the compiler asks at every compile, for every grammar it keeps): an entry changed in place, such
         as a second ask's list, counts from the next addition on."""
-        sizes = (len(self._memo), len(self.narrowed))
+        sizes = (len(self.memo), len(self.narrowed))
         if self._held[0] != sizes:
             self._held = (sizes, self._count_bytes())
         return self._held[1]
@@ -256,7 +257,7 @@ class HoleTables:
     def _count_bytes(self) -> int:
         counted: set[int] = set()
         total = self.narrowed.held_bytes(counted)
-        for entry in list(self._memo.values()):
+        for entry in list(self.memo.values()):
             for part in entry if isinstance(entry, tuple) else (entry,):
                 if isinstance(part, torch.Tensor):
                     total += part.numel() * 4

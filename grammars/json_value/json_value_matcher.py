@@ -28,7 +28,7 @@ _FORCED_LIMIT = 256
 class JsonValueMatcher:
     """Per-request state over a JsonValueAutomaton; cheap to create, not thread-safe."""
 
-    __slots__ = ("automaton", "top", "_q", "_frame", "_terminated", "_history", "_steps", "_max_rollback",
+    __slots__ = ("automaton", "top", "q", "frame", "_terminated", "_history", "_steps", "_max_rollback",
                  "budget_forced", "_here")
 
     def __init__(self, automaton: JsonValueAutomaton, top: str = "object", max_rollback: int = 4096) -> None:
@@ -44,7 +44,7 @@ class JsonValueMatcher:
     @property
     def state(self) -> tuple[int, tuple[int, ...]]:
         """(lexical state, open containers outermost first): the value JsonValueAutomaton.scan takes."""
-        return self._q, self._frame.kinds
+        return self.q, self.frame.kinds
 
     def fill(self, bitmask_row: torch.Tensor, budget: int | None = None) -> None:
         """Write allowed tokens into ``bitmask_row`` (int32 [ceil(size/32)]; bit i = token i).
@@ -55,12 +55,12 @@ class JsonValueMatcher:
         if self._terminated:
             bitmask_row.zero_()
             return
-        narrowed = None if budget is None else self.automaton.budget_row(self._q, self._frame, budget)
+        narrowed = None if budget is None else self.automaton.budget_row(self.q, self.frame, budget)
         if narrowed is not None:
             self.budget_forced = True
             bitmask_row.copy_(narrowed)
             return
-        bitmask_row.copy_(self.automaton.entry(self._q, self._frame).row)
+        bitmask_row.copy_(self.automaton.entry(self.q, self.frame).row)
 
     def sparse_mask(self, budget: int | None = None) -> SparseMask | None:
         """The tokens ``fill(row, budget)`` would allow as a SparseMask, or None (then fill): both sides
@@ -71,7 +71,7 @@ class JsonValueMatcher:
         cost more than the mask, cache-cold after a forward pass."""
         if self._terminated:
             return self.automaton.nothing_allowed
-        q, frame, here = self._q, self._frame, self._here
+        q, frame, here = self.q, self.frame, self._here
         if here[0] != q or here[1] is not frame:  # 69% of json_object's steps ask where the last one did
             here = self._here = (q, frame, self.automaton.safe_budget(q, frame), self.automaton.entry(q, frame).sparse)
         if budget is not None and budget < here[2]:
@@ -85,8 +85,8 @@ class JsonValueMatcher:
         if self._terminated:
             return False
         if token_id in self.automaton.eos_token_ids:
-            return self.automaton.is_final(self._q, self._frame)
-        return self.automaton.step(self._q, self._frame, token_id) is not None
+            return self.automaton.is_final(self.q, self.frame)
+        return self.automaton.step(self.q, self.frame, token_id) is not None
 
     def advance(self, token_id: int) -> None:
         """Consume one token; raises GrammarError if the automaton does not allow it."""
@@ -96,25 +96,25 @@ class JsonValueMatcher:
                 f"request when is_terminated() is true"
             )
         if token_id in self.automaton.eos_token_ids:
-            if not self.automaton.is_final(self._q, self._frame):
+            if not self.automaton.is_final(self.q, self.frame):
                 raise GrammarError(
                     f"EOS token {token_id} is not allowed: the JSON value is incomplete (state "
-                    f"{NAMES[self._q]}, {self._frame.depth} open containers); apply the bitmask before sampling"
+                    f"{NAMES[self.q]}, {self.frame.depth} open containers); apply the bitmask before sampling"
                 )
             self._push_history()
             self._terminated = True
             return
-        following = self.automaton.step(self._q, self._frame, token_id)
+        following = self.automaton.step(self.q, self.frame, token_id)
         if following is None:
             raise GrammarError(
-                f"token {token_id} is not allowed in the JSON value here (state {NAMES[self._q]}, "
-                f"{self._frame.depth} open containers); apply the bitmask before sampling"
+                f"token {token_id} is not allowed in the JSON value here (state {NAMES[self.q]}, "
+                f"{self.frame.depth} open containers); apply the bitmask before sampling"
             )
         self._push_history()
-        self._q, self._frame = following
+        self.q, self.frame = following
 
     def _push_history(self) -> None:
-        self._history.append((self._q, self._frame, self._terminated))
+        self._history.append((self.q, self.frame, self._terminated))
         self._steps += 1
 
     def forced(self) -> list[int]:
@@ -122,7 +122,7 @@ class JsonValueMatcher:
         if self._terminated:
             return []
         out: list[int] = []
-        q, frame = self._q, self._frame
+        q, frame = self.q, self.frame
         while len(out) < _FORCED_LIMIT:
             single = self.automaton.entry(q, frame).single
             if single < 0:
@@ -135,7 +135,7 @@ class JsonValueMatcher:
         """Start from lexical state ``q`` with the open containers ``frame`` (a value entered mid-token
         by HoleMatcher); the history is cleared."""
         self.reset()
-        self._q, self._frame = q, frame
+        self.q, self.frame = q, frame
 
     def free_text(self) -> bool:
         """Never: the whole output is the JSON value (stop strings do not apply inside it)."""
@@ -147,7 +147,7 @@ class JsonValueMatcher:
 
     def finished(self) -> bool:
         """Whether the output so far is a complete value (EOS would be accepted)."""
-        return self._terminated or self.automaton.is_final(self._q, self._frame)
+        return self._terminated or self.automaton.is_final(self.q, self.frame)
 
     def closed(self) -> bool:
         """Whether stopping now leaves nothing cut (here: finished())."""
@@ -157,22 +157,22 @@ class JsonValueMatcher:
         """EOS consumed, or the value is complete and nothing but EOS can come next."""
         if self._terminated:
             return True
-        entry = self.automaton.entry(self._q, self._frame)
+        entry = self.automaton.entry(self.q, self.frame)
         return entry.final and entry.count == 0
 
     def min_tokens(self) -> int:
         """Fewest tokens that complete the value from here (EOS not counted; 0 once finished)."""
         if self._terminated:
             return 0
-        return self.automaton.min_tokens(self._q, self._frame)
+        return self.automaton.min_tokens(self.q, self.frame)
 
     def min_tokens_after(self, token_id: int) -> int | None:
         """min_tokens() after ``token_id`` (not consumed), or None if the token is not allowed."""
         if self._terminated:
             return None
         if token_id in self.automaton.eos_token_ids:
-            return 0 if self.automaton.is_final(self._q, self._frame) else None
-        following = self.automaton.step(self._q, self._frame, token_id)
+            return 0 if self.automaton.is_final(self.q, self.frame) else None
+        following = self.automaton.step(self.q, self.frame, token_id)
         return None if following is None else self.automaton.min_tokens(*following)
 
     def rollback(self, n: int) -> None:
@@ -184,12 +184,12 @@ class JsonValueMatcher:
                 f"creating the matcher (JsonValueMatcher(..., max_rollback=...))"
             )
         for _ in range(n):
-            self._q, self._frame, self._terminated = self._history.pop()
+            self.q, self.frame, self._terminated = self._history.pop()
         self._steps -= n
 
     def reset(self) -> None:
         """Back to the initial state."""
-        self._q, self._frame = self.automaton.initial(self.top)
+        self.q, self.frame = self.automaton.initial(self.top)
         self._terminated = False
         self._history: deque = deque(maxlen=self._max_rollback)
         self._steps = 0

@@ -159,7 +159,7 @@ def run(tables, unit_state: int, value_state, hole: int, data: bytes):
             return steps, ("value", hole, state)
         if pos == len(data):
             return steps, ("unit", unit_state)
-        following = tables._edges[unit_state].get(data[pos])  # HOLE_BYTE has no edge
+        following = tables.edges[unit_state].get(data[pos])  # HOLE_BYTE has no edge
         if following is not None:
             steps.append(tables.byte_ids[data[pos]])
             unit_state, pos = following, pos + 1
@@ -175,7 +175,7 @@ def walk(tables, start: int, rests: Rests, whole: bool) -> list[tuple[int, tuple
     hole has no edge for the byte (``run`` walks the rest from there). ``whole``: a rest that ends in
     the unit counts (leaving a value), else only one that reaches a value does (entering one).
     Sorted rests: one that shares the byte where the last walked one stopped stops there too."""
-    out, edges = [], tables._edges
+    out, edges = [], tables.edges
     states, good, at_hole = [start], 0, False  # the last walked rest's unit states, where it stopped
     for token, rest, common in zip(rests.tokens, rests.rests, rests.shared):
         # sorted: what it shares with the one before, it shares with the last walked up to its stop

@@ -37,11 +37,11 @@ def position(m) -> tuple:
     value). All but the first four memoised per position in the grammar's HoleTables, and the masks
     shared through them: a position met before is one lookup (its parts cost 15-50 µs cache-cold)."""
     tables, value, hole = m.tables, m.value, m.hole
-    q, frame = value._q, value._frame
+    q, frame = value.q, value.frame
     if frame.depth > EXIT_DEPTH:  # no token leaves; the record is this depth's, the masks shared by every depth
         return (value, q, frame, hole) + _deep(m, q, frame, hole)
     key = ("rungs", q, frame.kinds, hole)
-    got = tables._memo.get(key) or tables.kept(key, lambda: _record(m, q, frame, hole))
+    got = tables.memo.get(key) or tables.kept(key, lambda: _record(m, q, frame, hole))
     return (value, q, frame, hole) + got
 
 

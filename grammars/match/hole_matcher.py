@@ -51,7 +51,7 @@ class HoleMatcher:
         """(row, sparse) without a budget, or None where the unit's own masks apply."""
         if self.value is not None:
             return self.tables.value_mask(self.value, self.hole)
-        if self.unit._terminated:
+        if self.unit.eos_taken:
             return None
         return self.tables.unit_mask(self.unit.state)
 
@@ -67,9 +67,9 @@ class HoleMatcher:
         tables, grammar = self.tables, self.grammar
         if self.value is not None:
             room = budget - grammar.min_tokens(tables.hole_after(self.hole))
-            return (room < 1 or room < tables.automaton.safe_budget(self.value._q, self.value._frame)
+            return (room < 1 or room < tables.automaton.safe_budget(self.value.q, self.value.frame)
                     or tables.leaving(self.value.state, self.hole)[1] > budget - 1)
-        return not self.unit._terminated and budget < tables.unit_safe(self.unit.state)
+        return not self.unit.eos_taken and budget < tables.unit_safe(self.unit.state)
 
     def fill(self, row: torch.Tensor, budget: int | None = None) -> None:
         if self.narrows(budget):
@@ -88,18 +88,18 @@ class HoleMatcher:
         inside a string the next ask is made where the last one was."""
         value, here = self.value, self._here
         if value is not None:  # one memo lookup: the mask and the budget from which it is whole
-            if here[0] is value and here[1] == value._q and here[2] is value._frame and here[3] == self.hole:
+            if here[0] is value and here[1] == value.q and here[2] is value.frame and here[3] == self.hole:
                 sparse, safe = here[4], here[5]  # asked where the last ask was (in a string): its answer
             else:
                 _, sparse, safe = self.tables.value_entry(value, self.hole)
                 if safe is None:  # deeper than EXIT_DEPTH the entry serves every depth: this depth's safe budget
                     safe = self._deep_safe()
                 if sparse is not None:  # a first ask's None may turn into a list later
-                    self._here = (value, value._q, value._frame, self.hole, sparse, safe)
+                    self._here = (value, value.q, value.frame, self.hole, sparse, safe)
             if budget is not None and budget < safe:  # as narrows(budget)
                 return self._narrowed(budget)
             return sparse
-        if self.unit._terminated:
+        if self.unit.eos_taken:
             return self.unit.sparse_mask()
         state = self.unit.state
         if here[0] is None and here[3] == state:  # in the unit where the last ask was
@@ -120,7 +120,7 @@ class HoleMatcher:
         value and the value's room, at least 1 and its own safe budget."""
         value = self.value
         rest = self.grammar.min_tokens(self.tables.hole_after(self.hole))
-        return rest + max(1, self.tables.automaton.safe_budget(value._q, value._frame))
+        return rest + max(1, self.tables.automaton.safe_budget(value.q, value.frame))
 
     def _narrowed(self, budget: int) -> SparseMask | None:
         """The mask _fill_budget makes here. Inside a value, memoised per rung (rung_mask). Elsewhere, and
@@ -147,7 +147,7 @@ class HoleMatcher:
         lists on the rung's first ask (None where it cannot be), the rungs' masks and the rung. The
         position is kept from the last ask (``_rungs``): inside a string the next ask is made there."""
         here, value = self._rungs, self.value
-        if here[0] is not value or here[1] != value._q or here[2] is not value._frame or here[3] != self.hole:
+        if here[0] is not value or here[1] != value.q or here[2] is not value.frame or here[3] != self.hole:
             here = self._rungs = position(self)
         masks, step = here[8], rung(here, budget)
         sparse = masks.get(step) or rung_ids(self, here, budget)
@@ -162,7 +162,7 @@ class HoleMatcher:
         after = tables.hole_after(self.hole)
         room = max(budget - self.grammar.min_tokens(after), 1)
         automaton = tables.automaton
-        own = automaton.budget_key(value._q, value._frame, room) or id(automaton.entry(value._q, value._frame))
+        own = automaton.budget_key(value.q, value.frame, room) or id(automaton.entry(value.q, value.frame))
         return ("deep", self.grammar.is_final(after), own)
 
     def _budget_row(self, budget: int) -> torch.Tensor:
@@ -179,7 +179,7 @@ class HoleMatcher:
         if self.value is None:
             self.unit.fill(row, budget)
             words_off(words, tables.sentinel_ids)
-            state = None if self.unit._terminated else self.unit.state
+            state = None if self.unit.eos_taken else self.unit.state
             if state is not None and tables.near_hole(state):  # tokens into a value that fit
                 words_on(words, entering_fit(tables, state, budget - 1))
             if state is not None and tables.is_hole(state):  # a value may start here
@@ -232,7 +232,7 @@ class HoleMatcher:
             self._history.append((0, value, hole, True))
             return
         piece = tables.token_bytes.get(token_id)
-        found = None if piece is None or self.unit._terminated else tables.run(
+        found = None if piece is None or self.unit.eos_taken else tables.run(
             self.unit.state, value.state if value is not None else None, hole, piece)
         if found is None or (value is None and not found[0] and found[1][0] == "unit"):
             raise GrammarError(f"token {token_id} is not allowed by the grammar here; apply the bitmask before sampling")

@@ -29,14 +29,14 @@ _FORCED_LIMIT = 256
 class Matcher:
     """Per-request automaton state; cheap to create, not thread-safe."""
 
-    __slots__ = ("grammar", "_guide", "_eos", "_terminated", "_steps", "_max_rollback", "budget_forced", "_here")
+    __slots__ = ("grammar", "_guide", "_eos", "eos_taken", "_steps", "_max_rollback", "budget_forced", "_here")
 
     def __init__(self, grammar: GrammarCore, max_rollback: int = 4096) -> None:
         self.grammar = grammar
         # headroom so forced() can walk ahead and come back
         self._guide = IndexCursor(grammar.index, max_rollback + _FORCED_LIMIT)
         self._eos = grammar.vocabulary.eos_token_ids
-        self._terminated = False
+        self.eos_taken = False  # EOS consumed (the hole matcher reads it)
         self._steps = 0  # tokens consumed (EOS included)
         self._max_rollback = max_rollback
         self.budget_forced = False  # a token budget narrowed a mask at least once
@@ -52,7 +52,7 @@ class Matcher:
         ``budget``: tokens that may still be generated, this one included. Only tokens after which
         a complete match fits in the rest are allowed (if none fits, those that get nearest).
         """
-        if self._terminated:
+        if self.eos_taken:
             bitmask_row.zero_()
             return
         mask = self._budget_mask(budget)
@@ -77,17 +77,17 @@ class Matcher:
 
     def single(self) -> int:
         """The only allowed token if exactly one (EOS counts), else NO_TOKEN."""
-        return NO_TOKEN if self._terminated else self.grammar.single_token(self._guide)
+        return NO_TOKEN if self.eos_taken else self.grammar.single_token(self._guide)
 
     def min_tokens(self) -> int:
         """Fewest tokens that complete the match from here (EOS not counted; 0 once finished)."""
-        if self._terminated:
+        if self.eos_taken:
             return 0
         return self.grammar.min_tokens(self._guide.get_state())
 
     def min_tokens_after(self, token_id: int) -> int | None:
         """min_tokens() after ``token_id`` (not consumed), or None if the token is not allowed."""
-        if self._terminated:
+        if self.eos_taken:
             return None
         state = self._guide.get_state()
         if token_id in self._eos:
@@ -100,7 +100,7 @@ class Matcher:
         no fill needed; None if both sides are long, if not known yet (see
         CompiledGrammar.state_sparse_mask); where the budget narrows the mask, the narrowed mask's
         (None on its first ask: then fill; CompiledGrammar.budget_sparse)."""
-        if self._terminated:
+        if self.eos_taken:
             return self.grammar.nothing_allowed
         state, here = self._guide.get_state(), self._here  # a state asked again (in a string) reads its last answer
         if here[0] != state:
@@ -119,7 +119,7 @@ class Matcher:
 
     def accepts(self, token_id: int) -> bool:
         """Whether ``token_id`` may come next."""
-        if self._terminated:
+        if self.eos_taken:
             return False
         if token_id in self._eos:
             return self.grammar.is_final(self._guide.get_state())
@@ -127,7 +127,7 @@ class Matcher:
 
     def advance(self, token_id: int) -> None:
         """Consume one token; raises GrammarError if the grammar does not allow it."""
-        if self._terminated:
+        if self.eos_taken:
             raise GrammarError(
                 f"token {token_id} arrived after the constrained output ended with EOS; "
                 f"stop decoding this request when is_terminated() is true"
@@ -138,7 +138,7 @@ class Matcher:
                     f"EOS token {token_id} is not allowed: the output is incomplete under the "
                     f"grammar; apply the bitmask before sampling"
                 )
-            self._terminated = True  # the guide stays put: EOS does not change the state
+            self.eos_taken = True  # the guide stays put: EOS does not change the state
             self._steps += 1
             return
         try:
@@ -153,7 +153,7 @@ class Matcher:
 
     def forced(self) -> list[int]:
         """Tokens that must come next (the single-allowed-token chain; [] if none)."""
-        if self._terminated:
+        if self.eos_taken:
             return []
         out: list[int] = []
         guide, single = self._guide, self.grammar.single_token
@@ -177,7 +177,7 @@ class Matcher:
 
     def finished(self) -> bool:
         """Whether the output so far is a complete match (EOS would be accepted)."""
-        return self._terminated or self.grammar.is_final(self._guide.get_state())
+        return self.eos_taken or self.grammar.is_final(self._guide.get_state())
 
     def closed(self) -> bool:
         """Whether stopping now leaves nothing cut (here: finished())."""
@@ -185,7 +185,7 @@ class Matcher:
 
     def is_terminated(self) -> bool:
         """EOS consumed, or nothing but EOS can come next."""
-        return self._terminated or (
+        return self.eos_taken or (
             self.grammar.is_final(self._guide.get_state())
             and self.grammar.allowed_count(self._guide) == 0
         )
@@ -201,8 +201,8 @@ class Matcher:
         if n == 0:
             return
         self._steps -= n
-        if self._terminated:
-            self._terminated = False
+        if self.eos_taken:
+            self.eos_taken = False
             n -= 1
         if n:
             self._guide.rollback_state(n)
@@ -214,5 +214,5 @@ class Matcher:
     def place(self, state: int) -> None:
         """Start over at ``state``, as if it were the initial one (a probe of the grammar's masks there)."""
         self._guide.place(state)
-        self._terminated = False
+        self.eos_taken = False  # EOS consumed (the hole matcher reads it)
         self._steps = 0

@@ -43,8 +43,8 @@ def warm_narrowed(grammar, tables, most: int | None = None, pause=lambda: None) 
     (no fewer than min_tokens: a call opens only where it can close): ``most`` (WARM_NARROWED) states
     and budgets in all; ``pause()`` runs between two states. Returns how many were left."""
     probe, left = HoleMatcher(grammar, tables), WARM_NARROWED if most is None else most
-    near = sorted(tables._near)
-    values = [(hole, q, stack) for hole in sorted(tables._holes) for q in _ENDINGS for stack in _STACKS]
+    near = sorted(tables.near)
+    values = [(hole, q, stack) for hole in sorted(tables.holes) for q in _ENDINGS for stack in _STACKS]
     others = sorted(set(range(grammar.index.n_states)) - set(near))
     for place in [(state,) for state in near] + values + [(state,) for state in others]:
         pause()

@@ -42,7 +42,7 @@ def tool_grammar(format_name: str, tools: list[dict], args_regex: ArgsRegex, par
     fmt = get_tool_format(format_name)
     specs = chosen_specs(tools, forced_name)
     names = tuple(name for name, _ in specs)
-    calls = [fmt._call_object_regex(name_regex(name), args_regex(parameters)) for name, parameters in specs]
+    calls = [fmt.call_object_regex(name_regex(name), args_regex(parameters)) for name, parameters in specs]
     if format_name == "hermes":
         units = tuple(r"\n" + call + r"\n" for call in calls)
         return ToolGrammar("hermes", "<tool_call>", "<tool_call>", False, names, units, units,

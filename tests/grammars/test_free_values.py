@@ -152,7 +152,7 @@ def test_masks_inside_a_value_nested_deeper_than_a_token_can_leave_are_memoised(
     built, build = [], tables._row
     monkeypatch.setattr(tables, "_row", lambda *args, **kw: built.append(1) or build(*args, **kw))
     assert walk() == first and not built  # every mask of the second walk memoised, the deep ones too
-    tables._memo.clear()
+    tables.memo.clear()
     assert walk() == first and built  # and the memoised masks are those built afresh
 
 
@@ -177,10 +177,10 @@ def test_the_memoised_safe_budgets_say_what_narrows_says(grammar):
                 checked.add("value")
             assert [b < safe for b in range(-2, 90)] == [matcher.narrows(b) for b in range(-2, 90)]
             value, automaton = matcher.value, matcher.tables.automaton
-            own = automaton.safe_budget(value._q, value._frame)
+            own = automaton.safe_budget(value.q, value.frame)
             assert [b < own for b in range(-2, 90)] == [
-                automaton.budget_row(value._q, value._frame, b) is not None for b in range(-2, 90)]
-        elif not matcher.unit._terminated:
+                automaton.budget_row(value.q, value.frame, b) is not None for b in range(-2, 90)]
+        elif not matcher.unit.eos_taken:
             checked.add("unit")
             safe = grammar.budget.safe_budget(matcher.unit.state)
             assert [b < safe for b in range(-2, 90)] == [matcher.unit.narrows(b) for b in range(-2, 90)]

@@ -34,7 +34,7 @@ def union_and_reference():
     grammar = tool_grammar("hermes", TOOLS, schema_to_regex, parallel=False)
     compiler = shared_compiler()
     union = UnitUnion([compiler.compile_regex(regex) for regex in grammar.units])
-    alternation = call_alternatives(TOOLS, schema_to_regex, None, get_tool_format("hermes")._call_object_regex)
+    alternation = call_alternatives(TOOLS, schema_to_regex, None, get_tool_format("hermes").call_object_regex)
     reference = compiler.compile_regex(r"\n" + alternation + r"\n")
     return union, reference
 

@@ -276,7 +276,7 @@ def test_narrowed_lists_are_made_in_the_background_while_the_engine_idles():
 def _narrowed_made(tables) -> int:
     """A grammar's narrowed lists made: its unit states' (per budget) and its values' (per rung,
     grammars/json_value/value_rungs.py: the masks of each position's record)."""
-    rungs = [record[4] for key, record in tables._memo.items() if key[0] == "rungs"]
+    rungs = [record[4] for key, record in tables.memo.items() if key[0] == "rungs"]
     return len(tables.narrowed._memo) + sum(len(masks) for masks in rungs)
 
 

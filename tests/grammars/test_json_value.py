@@ -454,7 +454,7 @@ def _masks_held(automaton) -> int:
 def test_sparse_at_is_the_entrys_mask_from_the_safe_budget_on_and_the_budget_mask_below(automaton, vocab, prefix,
                                                                                           narrows):
     matcher = _at(automaton, vocab, prefix)
-    q, frame = matcher._q, matcher._frame
+    q, frame = matcher.q, matcher.frame
     safe = automaton.safe_budget(q, frame)
     assert (safe > 1) == narrows
     for budget in range(1, max(min(safe, 40), 1) + 3):

@@ -169,7 +169,7 @@ def test_a_values_masks_that_read_nothing_of_its_unit_are_shared_by_every_gramma
     def walk(schema) -> dict:
         matcher, made = compiler.compile_json_schema(schema).matcher(), {}
         for at, token in enumerate(tokens):
-            deep = matcher.value is not None and matcher.value._frame.depth > EXIT_DEPTH
+            deep = matcher.value is not None and matcher.value.frame.depth > EXIT_DEPTH
             for budget in range(30, 0, -1):
                 if deep and matcher.narrows(budget):
                     mask = matcher.sparse_mask(budget)
@@ -269,7 +269,7 @@ def test_the_narrowed_masks_made_with_the_grammar_are_the_budget_fills(monkeypat
     assert kinds == {"hole", "near", "unit"} and len(made) > 100
     monkeypatch.setattr(hole_matcher, "rung_ids", lambda *args: None)  # a request's ask makes no list
     values = 0
-    for hole in sorted(tables._holes):
+    for hole in sorted(tables.holes):
         for place in [(q, stack) for q in _ENDINGS for stack in _STACKS]:
             matcher = HoleMatcher(grammar, tables)
             matcher.unit.place(hole)

@@ -124,7 +124,7 @@ def test_free_values_fast_path_equals_bitmask_path(seed):
     grammar = shared_compiler().compile_json_schema(FREE_SCHEMA)
     kinds, _ = walk_and_compare(grammar.matcher(), seed, steps=200)
     assert {"allowed", "disallowed"} <= kinds
-    assert any(key[0] == "value" for key in grammar.hole_tables()._memo)  # the walk went inside a value
+    assert any(key[0] == "value" for key in grammar.hole_tables().memo)  # the walk went inside a value
 
 
 def test_sparse_mask_comes_from_compile_time_on_a_states_first_visit():

@@ -29,7 +29,7 @@ def by_candidates(tables, value_state, hole) -> dict[int, int]:
     """Every token holding `,`, `}` or `]` that may start there, walked by run(): token -> least after it."""
     view = bytes_view(smollm2_vocabulary())
     q, stack = value_state
-    firsts = set(FIRST_BYTES[q]) | (set(tables._edges.get(tables.hole_after(hole), ())) if q in COMPLETE else set())
+    firsts = set(FIRST_BYTES[q]) | (set(tables.edges.get(tables.hole_after(hole), ())) if q in COMPLETE else set())
     need = 1 if q >= S_BASE else 0
     out = {}
     for b in firsts:
@@ -61,7 +61,7 @@ def agree(listed: tuple[list[int], int], costs, expected: dict[int, int], fit_at
 def test_leaving_tokens_are_those_each_walked_alone_finds(schema):
     grammar = shared_compiler().compile_regex(schema_to_regex(SCHEMAS[schema], free_values=True))
     tables = grammar.hole_tables()
-    holes = sorted(tables._holes)
+    holes = sorted(tables.holes)
     assert holes
     compared = leaving = 0
     for hole in holes:
@@ -85,7 +85,7 @@ def test_value_states_with_the_same_exits_share_one_walk():
     grammar = shared_compiler().compile_regex(schema_to_regex(SCHEMAS[0], free_values=True))
     tables = HoleTables(grammar, grammar.hole_tables().automaton)  # a fresh memo
     tables.prepare()
-    exits, hole = tables.exits, min(tables._holes)
+    exits, hole = tables.exits, min(tables.holes)
     states = [(q, stack) for stack in STACKS for q in range(NUM_STATES)]
     groups: dict[int, list] = {}
     for state in states:
@@ -104,7 +104,7 @@ def test_value_states_with_the_same_exits_share_one_walk():
 def by_run(tables, state) -> dict[int, int]:
     """Every token that may enter a value from unit ``state``, walked by run(): token -> least after it."""
     view = bytes_view(smollm2_vocabulary())
-    candidates = [t for b in tables._edges.get(state, {}) for t in view.entering.get(b, ())]
+    candidates = [t for b in tables.edges.get(state, {}) for t in view.entering.get(b, ())]
     if tables.is_hole(state):
         candidates += [t for b in FIRST_BYTES[VALUE] for t in view.leaving.get(b, ())]
     out = {}
@@ -127,7 +127,7 @@ def test_entering_tokens_are_those_each_walked_alone_finds(schema):
         entering += len(expected)
     assert entering > (20 if SCHEMAS[schema] else 10)  # {}: only tokens that stay in the value
     if schema == 3:
-        assert any(b in tables._edges[hole] for hole in tables._holes for b in FIRST_BYTES[VALUE])
+        assert any(b in tables.edges[hole] for hole in tables.holes for b in FIRST_BYTES[VALUE])
 
 
 def test_exits_are_sorted_by_rest_with_their_shared_prefixes():
@@ -148,7 +148,7 @@ def test_a_value_mask_is_an_id_list_from_its_first_ask_with_no_row():
     grammar = shared_compiler().compile_regex(schema_to_regex({"type": "object", "properties": {
         "note": {"type": "object"}}, "required": ["note"], "additionalProperties": False}, free_values=True))
     tables = grammar.hole_tables()
-    hole = min(tables._holes)
+    hole = min(tables.holes)
     sides = set()
     for q in (S_BODY, AFTER):  # in a string in the value: `"}}` leaves it (banned side); after a member: `}}`
         value = value_at(tables, q, (OBJECT,))
@@ -192,8 +192,8 @@ def test_prepare_makes_the_value_masks_a_nested_object_passes_through():
     grammar = shared_compiler().compile_regex(schema_to_regex(SCHEMAS[0], free_values=True))
     tables = HoleTables(grammar, grammar.hole_tables().automaton)  # a fresh memo
     tables.prepare()
-    walks = sum(1 for key in tables._memo if key[0] == "leave")
-    automaton, hole, seen = tables.automaton, min(tables._holes), set()
+    walks = sum(1 for key in tables.memo if key[0] == "leave")
+    automaton, hole, seen = tables.automaton, min(tables.holes), set()
     for text in (b'{"a":{"b":{"c":1.5,"d":"x"},"e":[1,"y",true]}}', b'["p",{"q":null},-2]', b'"s"', b"12"):
         state = (VALUE, ())
         for b in text:
@@ -201,4 +201,4 @@ def test_prepare_makes_the_value_masks_a_nested_object_passes_through():
             if state[0] in _ENDINGS and state[1] in _STACKS:
                 tables.value_entry(value_at(tables, *state), hole)
                 seen.add(state)
-    assert len(seen) >= 16 and sum(1 for key in tables._memo if key[0] == "leave") == walks
+    assert len(seen) >= 16 and sum(1 for key in tables.memo if key[0] == "leave") == walks

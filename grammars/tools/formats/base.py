@@ -77,11 +77,11 @@ class ToolFormat(ABC):
         One call, or one or more when `parallel`, to one of `tools` (only `forced_name` if given).
         Raises ToolFormatError for bad tools or an unknown `forced_name`.
         """
-        call = call_alternatives(tools, args_regex, forced_name, self._call_object_regex)
+        call = call_alternatives(tools, args_regex, forced_name, self.call_object_regex)
         return self._block_regex(call, parallel)
 
     @abstractmethod
-    def _call_object_regex(self, name_re: str, args_re: str) -> str:
+    def call_object_regex(self, name_re: str, args_re: str) -> str:
         """The regex of one call object, given its escaped JSON name and its arguments regex."""
 
     @abstractmethod

@@ -29,7 +29,7 @@ class HermesFormat(ToolFormat):
     name = "hermes"
     shape = BlockShape(open=OPEN, close=CLOSE)
 
-    def _call_object_regex(self, name_re: str, args_re: str) -> str:
+    def call_object_regex(self, name_re: str, args_re: str) -> str:
         return r'\{"name": ' + name_re + r', "arguments": ' + args_re + r"\}"
 
     def _block_regex(self, call_re: str, parallel: bool) -> str:

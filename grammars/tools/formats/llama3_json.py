@@ -35,7 +35,7 @@ class Llama3JsonFormat(ToolFormat):
     def open_text(self) -> str:
         return ""
 
-    def _call_object_regex(self, name_re: str, args_re: str) -> str:
+    def call_object_regex(self, name_re: str, args_re: str) -> str:
         return r'\{"name": ' + name_re + r', "parameters": ' + args_re + r"\}"
 
     def _block_regex(self, call_re: str, parallel: bool) -> str:

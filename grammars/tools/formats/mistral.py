@@ -28,7 +28,7 @@ class MistralFormat(ToolFormat):
     name = "mistral"
     shape = BlockShape(open=TOOL_CALLS, list_open="[", list_close="]", separator=",")
 
-    def _call_object_regex(self, name_re: str, args_re: str) -> str:
+    def call_object_regex(self, name_re: str, args_re: str) -> str:
         return r'\{"name": ' + name_re + r', "arguments": ' + args_re + r"\}"
 
     def _block_regex(self, call_re: str, parallel: bool) -> str:
