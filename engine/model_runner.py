@@ -48,9 +48,9 @@ class ModelRunner:
         single = [b for b, t in enumerate(tokens) if len(t) == 1]
         if not decode or self.decode is None or not single:
             return self._pass(self._packed, slots, rows, tokens)
-        if len(single) == sum(1 for t in tokens if t):
-            return self._pass(self._decode, slots, rows, tokens)
         several = [b for b, t in enumerate(tokens) if len(t) > 1]
+        if not several:
+            return self._pass(self._decode, slots, rows, tokens)
         runs = self._pass(self._packed, slots, [rows[b] for b in several], [tokens[b] for b in several])
         logits = runs.new_empty(len(rows), runs.shape[1])
         logits[several] = runs  # a copy: the next pass may overwrite the host rows

@@ -24,7 +24,7 @@ from grammars.tools.tool_grammar import tool_grammar, tool_tokens
 
 @dataclass
 class ToolCall:
-    make: Callable[[], ToolCallConstraint]  # a fresh row constraint (see row())
+    row: Callable[[], ToolCallConstraint]  # a row's constraint: its own state over the shared tokens, masks, units
     names: tuple[str, ...]  # per unit: its tool's name
     positions: tuple[int, ...]  # per unit: its tool's position in the request's tools
     units: list[concurrent.futures.Future]  # CompiledGrammar per first-block unit
@@ -35,10 +35,6 @@ class ToolCall:
     prefer: Callable[..., None]  # the compiler's prefer(regex, now)
     _stage: object = None  # the name stage, built once for the rows (False: none can be built)
     _unions: tuple | None = None  # (first, later) UnitUnions, built once for the rows
-
-    def row(self) -> ToolCallConstraint:
-        """A row's constraint: its own state over the shared tokens, masks and units."""
-        return self.make()
 
     def name_first(self, constraint: ToolCallConstraint, vocabulary, budget: int | None, room: int) -> bool:
         """Whether the row may start before its units are compiled; then the server waits on them
@@ -91,8 +87,8 @@ def build_tool_call(compiler, tokenizer, tool_format: str, tools: list[dict], re
         tokens_of_trigger = set(single)
     keep = (set(tokens.open) | set(tokens.close) | set(tokens.separator or ()) | set(tokens.end)
             | tokens_of_trigger) & set(tokenizer.all_special_ids)
-    make = functools.partial(ToolCallConstraint, tokens, required=mode != "auto", vocabulary=compiler.vocabulary,
-                             trigger=trigger, bare_object_at_start=grammar.bare_object_at_start)
+    row = functools.partial(ToolCallConstraint, tokens, required=mode != "auto", vocabulary=compiler.vocabulary,
+                            trigger=trigger, bare_object_at_start=grammar.bare_object_at_start)
     names = [tool["function"]["name"] for tool in tools]
-    return ToolCall(make, grammar.names, tuple(names.index(n) for n in grammar.names), units, later,
+    return ToolCall(row, grammar.names, tuple(names.index(n) for n in grammar.names), units, later,
                     grammar.units, frozenset(keep), name_first_ok, compiler.prefer)
