@@ -1,8 +1,9 @@
 """DecodeStep: the pass where every row feeds exactly one token, written lean over the model's own
-modules and the SlotCache tensors, so that its layer can be compiled (torch.compile): every layer
-of a model runs the same compiled code over its own weights, so no Python runs inside a layer, and
-the compile is paid for one layer, not for all of them (17 s against 61 s for SmolLM2's 30 layers
-on 2 cores, at the same step time).
+modules and the SlotCache tensors, so that it can be compiled (torch.compile) a group of layers at a
+time: every group of a model runs the same compiled code over its own layers' weights, so no Python
+runs inside a group, and the compile is paid for one group, not for the whole model. Groups of up
+to GROUP layers: each call of a compiled region costs Python (its guards, gathering its inputs),
+which one layer per call paid 30 times a SmolLM2 step; a whole model per call compiles for minutes.
 
 The packed pass (engine/slot_attention.py, through transformers' forward) serves every pass; this
 one only the decode passes, which are most of a generation's passes. It reads the transformers
@@ -22,6 +23,17 @@ import torch
 import torch.nn.functional as F
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+GROUP = 6  # the most layers per compiled call
+
+
+def group_size(kinds: tuple, most: int = GROUP) -> int:
+    """The most layers per group, at most `most`, that cut `kinds` (each layer's attention kind)
+    into groups all alike, so that one compiled region serves them all."""
+    n = len(kinds)
+    for size in range(min(most, n), 0, -1):
+        if n % size == 0 and all(kinds[i:i + size] == kinds[:size] for i in range(0, n, size)):
+            return size
+    return 1
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -49,6 +61,10 @@ class DecodeStep(torch.nn.Module):
         self.head_dim = first.head_dim
         self.scaling = first.scaling
         self.fused = model.device.type == "cuda"  # attention in one sdpa call (see _attend)
+        kinds = tuple(zip(self.layer_types, windows))
+        self.group = group_size(kinds, GROUP)
+        self.spans = [range(start, start + self.group) for start in range(0, len(self.layers), self.group)]
+        self.grouped_layers = [tuple(self.layers[i] for i in span) for span in self.spans]
 
     @staticmethod
     def of(model: torch.nn.Module, windows: tuple[int | None, ...]) -> DecodeStep | None:
@@ -73,9 +89,10 @@ class DecodeStep(torch.nn.Module):
         return out
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                keys: list[torch.Tensor], values: list[torch.Tensor], width: int, layer_fn=None) -> torch.Tensor:
-        """layer_fn: what runs each layer (the compiled `_layer`, engine/step_compiler.py); eager by default."""
-        run = layer_fn or self._layer
+                keys: list[torch.Tensor], values: list[torch.Tensor], width: int, group_fn=None) -> torch.Tensor:
+        """group_fn: what runs each group of layers (the compiled `run_group`, engine/step_compiler.py);
+        eager by default."""
+        run = group_fn or self.run_group
         h = self.embed(ids)  # [B, H]
         tables = self._rotary(h[None], positions)
         columns = torch.arange(width, device=ids.device)  # [W]
@@ -84,10 +101,19 @@ class DecodeStep(torch.nn.Module):
         for window in set(self.windows):
             see = seen if window is None else seen & (columns[None, :] > positions[:, None] - window)
             masks[window] = see[:, None, None, :]  # [B, 1, 1, W]
-        for i, layer in enumerate(self.layers):
-            cos, sin = tables[self.layer_types[i]]
-            h = run(layer, h, cos, sin, masks[self.windows[i]], keys[i], values[i], slots, positions, width)
+        for span, layers in zip(self.spans, self.grouped_layers):
+            h = run(layers, h, tuple(tables[self.layer_types[i]] for i in span),
+                    tuple(masks[self.windows[i]] for i in span), keys[span.start:span.stop],
+                    values[span.start:span.stop], slots, positions, width)
         return self.norm(h)  # [B, H]
+
+    def run_group(self, layers: tuple, h, tables: tuple, masks: tuple, keys: list[torch.Tensor],
+                  values: list[torch.Tensor], slots, positions, width: int) -> torch.Tensor:
+        """The layers of one group, each with its (cos, sin), mask and KV."""
+        for i, layer in enumerate(layers):
+            cos, sin = tables[i]
+            h = self._layer(layer, h, cos, sin, masks[i], keys[i], values[i], slots, positions, width)
+        return h
 
     def _layer(self, layer, h, cos, sin, mask, cache_k, cache_v, slots, positions, width: int) -> torch.Tensor:
         """One decoder layer for h [B, H]; writes the rows' KV into cache_k, cache_v [S, Hkv, C, D]."""

@@ -1,4 +1,4 @@
-"""StepCompiler: compiles the DecodeStep's layer (torch.compile, inductor) before the engine serves.
+"""StepCompiler: compiles the DecodeStep's group of layers (torch.compile, inductor) before the engine serves.
 
 `run()` drives the step over scratch KV tensors (never the engine's) in each shape class a real pass
 can take: one row or several, one slot allocated or several. Dimensions are dynamic, so each class
@@ -44,7 +44,7 @@ class StepCompiler:
         self.step, self.kv_heads, self.head_dims = step, kv_heads, head_dims
         self.dtype, self.device = dtype, device
         self.cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
-        self.layer = None  # the compiled DecodeStep._layer
+        self.group = None  # the compiled DecodeStep.run_group
         self.compiled = None  # the step running it (a callable as DecodeStep's), once every class is compiled
         self.seconds: float | None = None  # how long the compile took, once done
         self.error: str | None = None
@@ -62,10 +62,10 @@ class StepCompiler:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
         started = time.perf_counter()
         try:
-            # the layer's modules do not change once compiled: their guards are dropped (a step
-            # checks ~250 parameters' guards otherwise, ~1.5 ms); so that no other model's layer
-            # can match them, this step's layer has a code object (dynamo's cache) of its own
-            self.layer = torch.compile(_own_code(self.step._layer), dynamic=True,
+            # the layers' modules do not change once compiled: their guards are dropped (a step
+            # checks ~250 parameters' guards otherwise, ~1.5 ms); so that no other model's layers
+            # can match them, this step's group has a code object (dynamo's cache) of its own
+            self.group = torch.compile(_own_code(self.step.run_group), dynamic=True,
                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
                                                 "size_asserts": False})
             # no duck sizing: a scratch size equal to another (capacity and head_dim both 64, slots and
@@ -80,7 +80,7 @@ class StepCompiler:
                   file=sys.stderr, flush=True)
             return
         self.seconds = time.perf_counter() - started
-        self.compiled = functools.partial(self._guarded, self.layer)
+        self.compiled = functools.partial(self._guarded, self.group)
         print(f"maskd: decode step compiled in {self.seconds:.1f}s (inductor cache {self.cache_dir})",
               file=sys.stderr, flush=True)
 
@@ -90,9 +90,9 @@ class StepCompiler:
         if self.fallbacks == 1:
             log.warning("a decode pass ran eagerly, the compiled step refused it: %s", exc)
 
-    def _guarded(self, layer, *args) -> torch.Tensor:
+    def _guarded(self, group, *args) -> torch.Tensor:
         with torch.compiler.set_stance("fail_on_recompile"):
-            return self.step(*args, layer_fn=layer)
+            return self.step(*args, group_fn=group)
 
     @torch.inference_mode()
     def _drive(self, rows: int, slots: int, full: bool) -> None:
@@ -103,7 +103,7 @@ class StepCompiler:
         positions = torch.arange(rows, dtype=torch.long, device=self.device) + 3
         where = torch.arange(rows, dtype=torch.long, device=self.device) % slots
         width = SCRATCH_COLUMNS if full else SCRATCH_COLUMNS // 2
-        self.step(ids, positions, where, keys, values, width, layer_fn=self.layer)
+        self.step(ids, positions, where, keys, values, width, group_fn=self.group)
 
 
 def _own_code(method):

@@ -209,6 +209,40 @@ def test_the_compiled_step_gives_the_eager_tokens(family, smollm_tokenizer, indu
     assert compiler.fallbacks == 0 and driver.engine.runner.decode_passes > 0
 
 
+def test_layers_are_grouped_alike_for_one_compiled_region():
+    """engine/decode_step.py compiles a group of layers per call: the most layers (up to 6) that cut
+    the model into groups whose layers' attention kinds run alike."""
+    from engine.decode_step import group_size
+
+    full, sliding = ("full_attention", None), ("sliding_attention", 512)
+    assert group_size((full,) * 30) == 6  # SmolLM2
+    assert group_size(((sliding,) * 5 + (full,)) * 3) == 6  # Gemma 3 270M's pattern
+    assert group_size((sliding, sliding, full, sliding)) == 4  # one group: nothing to be alike with
+    assert group_size((full,) * 28) == 4 and group_size((full,) * 7) == 1
+    assert group_size(((sliding,) * 2 + (full,)) * 4) == 6 and group_size(((sliding,) * 2 + (full,)) * 3) == 3
+
+
+def test_a_step_of_several_compiled_groups_gives_the_eager_tokens(smollm_tokenizer, inductor_cache, monkeypatch):
+    """Gemma 3 layers cut into two compiled groups of two (sliding, full): eight rows batched give
+    plain transformers' tokens, with no pass run eagerly."""
+    import engine.decode_step
+
+    monkeypatch.setattr(engine.decode_step, "GROUP", 2)
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(**SMALL, num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=16,
+                              sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2)
+    model = Gemma3ForCausalLM(config).float().eval()
+    ps = prompts(LENGTHS)
+    expected = [reference(model, p) for p in ps]
+    driver = Driver(model, smollm_tokenizer, compile_step=True, compile_cache=str(inductor_cache))
+    compiler, step = driver.engine.step_compiler, driver.engine.runner.decode
+    assert compiler.error is None and step.group == 2 and len(step.spans) == 2
+    requests = [driver.submit(p) for p in ps]
+    driver.run()
+    assert [driver.tokens(r) for r in requests] == expected
+    assert compiler.fallbacks == 0 and driver.engine.runner.decode_passes > 0
+
+
 def test_the_decode_step_on_quantized_layers_gives_the_packed_forwards_tokens(family, smollm_tokenizer):
     """Quantized (int4, engine/quantized_linear.py), each family's decode step reads its fused
     q/k/v and gate/up copies; its tokens are those of the same model run packed every pass."""
