@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -75,24 +78,58 @@ def eos_ids_of(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+@contextlib.contextmanager
+def gguf_read_once():
+    """Within it, a GGUF file's header is parsed once and gguf's tensor name map built once per
+    architecture. transformers parses the whole header (SmolLM2's holds its 49k-token vocabulary)
+    for the tokenizer, the config and the weights, and builds the name map once per module
+    (~400 times for SmolLM2); the precision's choice reads the header too: about 10 s of a 17 s load."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers = {}
+
+    def reader(path, *args, **kwargs):
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = reader_class(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+
+
 def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = False, tp: int = 1,
                device_map: str | None = None) -> LoadedModel:
     """tp > 1: this process is one of tp ranks (torch.distributed already joined) and loads its
     shard with transformers' tensor parallelism; device_map="auto" spreads layers over the
     devices instead (one process)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if not spec.is_available() and not allow_download:
         raise RegistryError(
             f"model {spec.name!r} is not available locally (source {spec.source}); "
             "put its weights in the Hugging Face cache or point `source` at a local path")
+    started = time.perf_counter()
+    with gguf_read_once():
+        loaded = _load(spec, device, allow_download, tp, device_map)
+    print(f"maskd: loaded {spec.name} in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
+    return loaded
+
+
+def _load(spec: ModelSpec, device: str, allow_download: bool, tp: int, device_map: str | None) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     where, gguf_file = spec.locate()
     target = pick_device(device)
     chosen = pick_precision(spec, target, tp, device_map)
     dtype = chosen.model_dtype
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     kwargs["local_files_only"] = not allow_download
-    started = time.perf_counter()
     print(f"maskd: loading {spec.name} from {spec.source} ({target}, {chosen.describe()}: {chosen.why})",
           file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
@@ -113,7 +150,6 @@ def load_model(spec: ModelSpec, device: str = "auto", allow_download: bool = Fal
         tokenizer.chat_template = spec.chat_template
     context = spec.context_length or getattr(model.config, "max_position_embeddings", 2048)
     vocab_size = model.get_output_embeddings().out_features
-    print(f"maskd: loaded {spec.name} in {time.perf_counter() - started:.1f}s", file=sys.stderr, flush=True)
     return LoadedModel(
         name=spec.name, model=model, tokenizer=tokenizer, device=target, dtype=dtype,
         eos_token_ids=eos_ids_of(model, tokenizer), context_length=context,
