@@ -36,6 +36,9 @@ _EXPORTS = {
     "Content": "grammars.tools.formats",
     "ForcedText": "grammars.masks.forced_text",
     "prepare_name_stage": "grammars.tools.name_stage",
+    "index_regex": "grammars.languages.python_regex",
+    "choice_regex": "grammars.languages.python_regex",
+    "RegexError": "grammars.languages.python_regex",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,7 +10,8 @@ from typing import AsyncIterator
 
 from grammars import ArgsDelta, CallStart, Content
 from server.errors import APIError
-from server.generation import GenerationRequest, Prepared, prepare as prepare_job, start as start_job
+from server.constraint_fields import asked_formats, one_format
+from server.generation import Fields, GenerationRequest, Prepared, prepare as prepare_job, start as start_job
 from server.logprob_format import chat_logprobs
 from server.output_stream import Collected, Finish, Reasoning, collect, failure, merged, steps
 from server.prompt import message_dicts
@@ -37,17 +38,19 @@ def resolve_tool_choice(body: ChatCompletionRequest) -> ToolChoice:
 
 def job_of(body: ChatCompletionRequest) -> GenerationRequest:
     fmt = body.response_format
-    output_format = None
+    asked = asked_formats(body)
     if fmt is not None and fmt.type != "text":
         schema = fmt.json_schema.schema_ if fmt.json_schema else None
-        output_format = OutputFormat(fmt.type, schema, fmt.json_schema.strict if fmt.json_schema else None)
+        asked.insert(0, ("response_format", OutputFormat(fmt.type, schema,
+                                                         fmt.json_schema.strict if fmt.json_schema else None)))
+    output_format, fields = one_format(asked, Fields())
     top = body.top_logprobs or 0
     return GenerationRequest(
         prompt=message_dicts(body.messages), sampling=body.sampling_params(top if body.logprobs else None),
         max_tokens=body.output_budget(), n=body.n, output_format=output_format,
         tools=[tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None,
         tool_choice=resolve_tool_choice(body), parallel_tool_calls=body.parallel_tool_calls is not False,
-        template_kwargs=body.chat_template_kwargs or {})
+        template_kwargs=body.chat_template_kwargs or {}, fields=fields)
 
 
 async def prepare(state: ServerState, body: ChatCompletionRequest) -> Prepared:

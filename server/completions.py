@@ -11,6 +11,7 @@ from typing import AsyncIterator
 from pydantic import BaseModel, Field, field_validator
 
 from server.chat import usage_of
+from server.constraint_fields import asked_formats, one_format
 from server.generation import Fields, GenerationRequest, prepare, start
 from server.logprob_format import completion_logprobs
 from server.output_stream import collect, failure, merged, steps
@@ -64,8 +65,9 @@ FIELDS = Fields(messages="prompt")
 
 def _job(state: ServerState, body: CompletionRequest) -> GenerationRequest:
     state.require_model(body.model)
+    output_format, fields = one_format(asked_formats(body), FIELDS)
     return GenerationRequest(prompt=body.prompt, sampling=body.sampling_params(body.logprobs),
-                             max_tokens=body.max_tokens, n=body.n, fields=FIELDS)
+                             max_tokens=body.max_tokens, n=body.n, output_format=output_format, fields=fields)
 
 
 def _reason(reason: str) -> str:

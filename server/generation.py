@@ -196,7 +196,7 @@ def _output_check(job: GenerationRequest) -> OutputCheck:
     if fmt is None:
         return OutputCheck(tools)
     schema = fmt.schema if fmt.kind == "json_schema" and fmt.strict is not False else None
-    return OutputCheck(tools, schema, fmt.kind)
+    return OutputCheck(tools, schema, fmt.kind, pattern=fmt.pattern, choices=fmt.choices)
 
 
 async def start(state: ServerState, prepared: Prepared) -> list:

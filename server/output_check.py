@@ -5,7 +5,8 @@ invalid call as a valid one. A failure is counted (`maskd_output_validation_fail
 with the schema's id (a hash of its JSON), and the request ends as an error, never as a valid answer.
 Outputs cut by the token budget (finish `length`) are reported as cut and not checked; a json_schema
 sent with `strict: false` (some keywords relaxed, README) and json_object are checked as JSON
-objects only.
+objects only; a regex output by Python's own `re.fullmatch` of the client's regex, a choice by
+membership.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from functools import lru_cache
 
 import jsonschema
@@ -39,9 +41,10 @@ def _validator(schema_json: str):
 
 class OutputCheck:
     def __init__(self, tool_schemas: dict[str, dict] | None = None, format_schema: dict | None = None,
-                 format_kind: str | None = None):
+                 format_kind: str | None = None, pattern: str | None = None, choices: tuple[str, ...] | None = None):
         self.tool_schemas = tool_schemas or {}
         self.format_schema, self.format_kind = format_schema, format_kind
+        self.pattern, self.choices = pattern, choices  # a regex output's (Python's re), a choice's
 
     def call(self, name: str, arguments: str) -> str | None:
         """None if the call is valid, else why not."""
@@ -55,6 +58,12 @@ class OutputCheck:
         if self.format_kind is None:
             return None
         CHECKED.labels("structured_output").inc()
+        if self.format_kind == "regex":  # read by Python's own re, not by the rewrite the mask ran on
+            return None if re.fullmatch(self.pattern, text) else \
+                self._fail("structured_output", f"the output {text[:200]!r} does not match the regex", {})
+        if self.format_kind == "choice":
+            return None if text in self.choices else \
+                self._fail("structured_output", f"the output {text[:200]!r} is none of the choices", {})
         return self._check("structured_output", text, self.format_schema, "the structured output")
 
     def _check(self, kind: str, text: str, schema: dict | None, what: str) -> str | None:

@@ -74,8 +74,16 @@ class ResponseFormat(_Open):
 
 
 class SamplingRequest(_Open):
-    """What chat and text completions share: the model, sampling, stop strings and streaming."""
+    """What chat and text completions share: the model, sampling, stop strings and streaming, and
+    the constraint fields other servers take (server/constraint_fields.py reads them)."""
     model: str
+    structured_outputs: Any = None  # vLLM: exactly one of json, regex, choice, grammar, json_object, ...
+    guided_json: Any = None  # vLLM's older names for the same
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    json_schema: Any = None  # llama.cpp's server: a JSON schema
+    grammar: Any = None  # llama.cpp's server: a GBNF grammar
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)

@@ -1,11 +1,12 @@
-"""A structured output (json_object or json_schema) becomes a grammar matcher, whichever API asked."""
+"""A structured output (json_object, json_schema, regex or choice) becomes a grammar matcher,
+whichever API asked."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
 
-from grammars import GrammarError, UnsupportedSchemaError
+from grammars import GrammarError, UnsupportedSchemaError, choice_regex, index_regex
 from grammars import UNSUPPORTED_KEYWORDS
 from server.errors import APIError
 from server.schema_check import check_schema
@@ -14,9 +15,11 @@ from server.state import ServerState
 
 @dataclass(frozen=True)
 class OutputFormat:
-    kind: str  # json_object | json_schema
+    kind: str  # json_object | json_schema | regex | choice
     schema: dict | None = None
     strict: bool | None = None
+    pattern: str | None = None  # regex: the client's, in Python's syntax, matched whole
+    choices: tuple[str, ...] | None = None  # choice: the output is one of them
 
 
 async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields):
@@ -28,6 +31,13 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
     """
     if fmt.kind == "json_object":
         return state.compiler.json_object_matcher()  # the shared automaton, built at startup
+    if fmt.kind in ("regex", "choice"):
+        try:
+            regex = index_regex(fmt.pattern) if fmt.kind == "regex" else choice_regex(list(fmt.choices))
+            grammar = await state.compiler.compile_regex_async(regex)
+        except GrammarError as exc:
+            raise APIError(f"{fields.format}: {exc}", param=fields.format, code=f"invalid_{fmt.kind}") from exc
+        return grammar.matcher()
     param = fields.format_schema
     if fmt.schema is None:
         raise APIError("a json_schema output format needs its schema", param=param)
