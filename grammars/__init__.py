@@ -39,12 +39,13 @@ _EXPORTS = {
     "index_regex": "grammars.languages.python_regex",
     "choice_regex": "grammars.languages.python_regex",
     "RegexError": "grammars.languages.python_regex",
+    "gbnf_regexes": "grammars.languages.gbnf",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-_RENAMED = {"prepare_name_stage": "prepare"}  # facade name -> the module's own
+_RENAMED = {"prepare_name_stage": "prepare", "gbnf_regexes": "regexes"}  # facade name -> the module's own
 
 
 def __getattr__(name: str):

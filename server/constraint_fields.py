@@ -2,14 +2,16 @@
 output, read into one OutputFormat: vLLM's `structured_outputs` (exactly one of json, regex, choice,
 grammar, json_object, structural_tag) and its older `guided_json`, `guided_regex`, `guided_choice`,
 `guided_grammar`; llama.cpp's `json_schema` and `grammar`. A request may ask in one field only.
-A grammar (GBNF, Lark) or a structural tag is refused with a 400 that says so: maskd does not
-enforce them yet, and an unenforced constraint is never answered as if it were."""
+A GBNF grammar is enforced where it is regular (grammars/languages/gbnf.py); a recursive one, a
+Lark grammar (llama.cpp marks one with a first line `%llguidance`) or a structural tag is refused
+with a 400 that says so: an unenforced constraint is never answered as if it were."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 
+from grammars import GrammarError, gbnf_regexes
 from server.errors import APIError
 from server.structured_output import OutputFormat
 
@@ -80,7 +82,22 @@ def _format(kind: str, value, field: str) -> OutputFormat:
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
             raise APIError(f"{field} must be a non-empty list of strings", param=field)
         return OutputFormat("choice", choices=tuple(value))
-    what = "a grammar (GBNF or Lark)" if kind == "grammar" else "a structural tag"
+    if kind == "grammar" and not isinstance(value, str):
+        raise APIError(f"{field} must be a string (a GBNF grammar)", param=field)
+    if kind == "grammar" and not _lark(value):
+        try:
+            index, check = gbnf_regexes(value)
+        except GrammarError as exc:
+            code = "unsupported_constraint" if "recursive" in str(exc) else "invalid_grammar"
+            raise APIError(f"{field}: {exc}", param=field, code=code) from None
+        return OutputFormat("grammar", pattern=check, index_regex=index)
+    what = "a Lark grammar" if kind == "grammar" else "a structural tag"
     raise APIError(f"{field}: maskd does not enforce {what} yet, and does not answer one unenforced; "
-                   "constrain the output with a JSON schema, a regex or a choice", param=field,
+                   "constrain the output with a JSON schema, a regex, a choice or a GBNF grammar", param=field,
                    code="unsupported_constraint")
+
+
+def _lark(text: str) -> bool:
+    """Whether a grammar is Lark rather than GBNF: llama.cpp's `%llguidance` mark, or rules written
+    `name: ...` with no `::=` anywhere."""
+    return text.lstrip().startswith("%llguidance") or ("::=" not in text and ":" in text)

@@ -5,8 +5,8 @@ invalid call as a valid one. A failure is counted (`maskd_output_validation_fail
 with the schema's id (a hash of its JSON), and the request ends as an error, never as a valid answer.
 Outputs cut by the token budget (finish `length`) are reported as cut and not checked; a json_schema
 sent with `strict: false` (some keywords relaxed, README) and json_object are checked as JSON
-objects only; a regex output by Python's own `re.fullmatch` of the client's regex, a choice by
-membership.
+objects only; a regex output by Python's own `re.fullmatch` of the client's regex, a GBNF
+grammar's by that of its regex, a choice by membership.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class OutputCheck:
         if self.format_kind is None:
             return None
         CHECKED.labels("structured_output").inc()
-        if self.format_kind == "regex":  # read by Python's own re, not by the rewrite the mask ran on
+        if self.format_kind in ("regex", "grammar"):  # by Python's re, not by the token index the mask ran on
             return None if re.fullmatch(self.pattern, text) else \
                 self._fail("structured_output", f"the output {text[:200]!r} does not match the regex", {})
         if self.format_kind == "choice":

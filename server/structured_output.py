@@ -1,5 +1,5 @@
-"""A structured output (json_object, json_schema, regex or choice) becomes a grammar matcher,
-whichever API asked."""
+"""A structured output (json_object, json_schema, regex, choice or a GBNF grammar) becomes a
+grammar matcher, whichever API asked."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from server.state import ServerState
 
 @dataclass(frozen=True)
 class OutputFormat:
-    kind: str  # json_object | json_schema | regex | choice
+    kind: str  # json_object | json_schema | regex | choice | grammar
     schema: dict | None = None
     strict: bool | None = None
-    pattern: str | None = None  # regex: the client's, in Python's syntax, matched whole
+    pattern: str | None = None  # regex, grammar: Python's regex the whole output matches (the client's)
     choices: tuple[str, ...] | None = None  # choice: the output is one of them
+    index_regex: str | None = None  # grammar: the token index's regex of it
 
 
 async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields):
@@ -31,9 +32,10 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
     """
     if fmt.kind == "json_object":
         return state.compiler.json_object_matcher()  # the shared automaton, built at startup
-    if fmt.kind in ("regex", "choice"):
+    if fmt.kind in ("regex", "choice", "grammar"):
         try:
-            regex = index_regex(fmt.pattern) if fmt.kind == "regex" else choice_regex(list(fmt.choices))
+            regex = fmt.index_regex if fmt.kind == "grammar" else \
+                index_regex(fmt.pattern) if fmt.kind == "regex" else choice_regex(list(fmt.choices))
             grammar = await state.compiler.compile_regex_async(regex)
         except GrammarError as exc:
             raise APIError(f"{fields.format}: {exc}", param=fields.format, code=f"invalid_{fmt.kind}") from exc

@@ -1,4 +1,5 @@
 """What clients constrain besides JSON Schema and tool calls: a regex (the syntax Python's `re`
-and JSON Schema's `pattern` share) and a choice among strings, each rewritten into the regex the
-token index reads (python_regex.py). Grammars (GBNF, Lark) are refused with a 400 until they land.
+and JSON Schema's `pattern` share), a choice among strings (python_regex.py) and a regular GBNF
+grammar (gbnf.py), each rewritten into the regex the token index reads. Recursive grammars and
+Lark wait for a grammar engine.
 """

@@ -70,7 +70,7 @@ def choice_regex(choices: list[str]) -> str:
     if any(chr(SENTINEL) in choice for choice in choices):
         raise RegexError("a choice holds the control character \\x02, which cannot be generated (maskd's token "
                          "index marks the end of a regex with it)")
-    return "(?:" + "|".join("".join(_char(ord(c)) for c in choice) for choice in choices) + ")"
+    return "(?:" + "|".join("".join(regex_char(ord(c)) for c in choice) for choice in choices) + ")"
 
 
 def _sequence(items) -> str:
@@ -85,11 +85,11 @@ def _item(op, av) -> str:
         if av == SENTINEL:
             raise RegexError("the control character \\x02 cannot be generated (maskd's token index marks "
                              "the end of a regex with it)")
-        return _char(av)
+        return regex_char(av)
     if op is C.NOT_LITERAL:
-        return f"[^{_char(av)}{_char(SENTINEL)}]"
+        return f"[^{regex_char(av)}{regex_char(SENTINEL)}]"
     if op is C.ANY:
-        return f"[^\\n{_char(SENTINEL)}]"  # any character but a newline (and the mark)
+        return f"[^\\n{regex_char(SENTINEL)}]"  # any character but a newline (and the mark)
     if op is C.IN:
         return _class(av)
     if op is C.BRANCH:
@@ -116,19 +116,19 @@ def _class(items) -> str:
         if op is C.NEGATE:
             negate = True
         elif op is C.LITERAL:
-            out.append(_char(av))
+            out.append(regex_char(av))
         elif op is C.RANGE:
-            out.append(f"{_char(av[0])}-{_char(av[1])}")
+            out.append(f"{regex_char(av[0])}-{regex_char(av[1])}")
         elif op is C.CATEGORY and av in CATEGORIES:
             out.append(CATEGORIES[av])
         else:
             raise RegexError(f"the character class item {op} {av} is not supported")
     if negate:
-        return "[^" + "".join(out) + _char(SENTINEL) + "]"
-    return "[" + "".join(out) + "&&[^" + _char(SENTINEL) + "]]"  # Rust's class intersection
+        return "[^" + "".join(out) + regex_char(SENTINEL) + "]"
+    return "[" + "".join(out) + "&&[^" + regex_char(SENTINEL) + "]]"  # Rust's class intersection
 
 
-def _char(code: int) -> str:
+def regex_char(code: int) -> str:
     """One character as both syntaxes read it, never as syntax."""
     c = chr(code)
     if c.isascii() and (c.isalnum() or c == "_"):

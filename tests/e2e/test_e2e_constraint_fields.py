@@ -1,7 +1,7 @@
 """End to end: the constraint fields of other servers (server/constraint_fields.py) through the
 official openai SDK's extra_body: vLLM's structured_outputs and guided_* fields and llama.cpp's
-json_schema, enforced; grammars, lookarounds and a second constraint refused with a 400 that
-names the field, never answered unconstrained."""
+json_schema and grammar, enforced; recursive or Lark grammars, lookarounds and a second constraint
+refused with a 400 that names the field, never answered unconstrained."""
 
 import json
 import re
@@ -63,10 +63,26 @@ def test_text_completions_take_the_same_fields(client):
     assert re.fullmatch(PHONE, reply.choices[0].text)
 
 
+GBNF = """
+root   ::= answer ", because " reason
+answer ::= "yes" | "no"   # one of two
+reason ::= [a-z] [a-z ]{0,20}
+"""
+
+
+@pytest.mark.parametrize("field", ["structured_outputs", "grammar"])
+def test_a_gbnf_grammar_is_enforced(client, field):
+    extra = {"structured_outputs": {"grammar": GBNF}} if field == "structured_outputs" else {field: GBNF}
+    reply = _chat(client, max_tokens=32, **extra)
+    assert re.fullmatch(r"(yes|no), because [a-z][a-z ]{0,20}", reply.choices[0].message.content)
+
+
 @pytest.mark.parametrize("extra, field, words", [
-    ({"structured_outputs": {"grammar": 'root ::= "a"'}}, "structured_outputs.grammar", "grammar"),
-    ({"grammar": 'root ::= "a"'}, "grammar", "grammar"),
-    ({"guided_grammar": "start: \"a\""}, "guided_grammar", "grammar"),
+    ({"structured_outputs": {"grammar": 'root ::= "(" root ")" | "x"'}}, "structured_outputs.grammar", "recursive"),
+    ({"grammar": 'root ::= item\nitem ::= "a" item?'}, "grammar", "recursive"),
+    ({"grammar": 'root ::= "a'}, "grammar", "not closed"),
+    ({"guided_grammar": "start: \"a\""}, "guided_grammar", "Lark"),
+    ({"structured_outputs": {"grammar": '%llguidance {}\nstart: "a"'}}, "structured_outputs.grammar", "Lark"),
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag", "structural tag"),
     ({"structured_outputs": {"regex": r"(?=\d)\d+"}}, "structured_outputs.regex", "lookarounds"),
     ({"guided_regex": r"(a)\1"}, "guided_regex", "backreferences"),
