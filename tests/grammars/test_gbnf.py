@@ -69,3 +69,22 @@ def test_any_character_and_classes_never_take_the_index_mark(singles):
 def test_what_cannot_be_enforced_is_refused_by_name(text, named):
     with pytest.raises(GrammarError, match=re.escape(named)):
         gbnf_regexes(text)
+
+
+def test_any_text_is_read_or_refused_with_a_grammar_error():
+    """Random texts of GBNF's (and regex's) symbols: each is a grammar or a GrammarError (a 400),
+    never another exception (a 500)."""
+    import random
+
+    from grammars import index_regex
+
+    rng = random.Random(0)
+    symbols = ["root", " ::= ", '"', "a", "\\", "x", "[", "]", "^", "-", "(", ")", "|", "*", "+", "?", "{", "}",
+               ",", "1", "\n", "#", ".", " ", "b", "::=", "<", "u", "é", "$", "=", "!", "P", ":"]
+    for _ in range(3000):
+        text = "".join(rng.choice(symbols) for _ in range(rng.randint(1, 25)))
+        for read in (gbnf_regexes, index_regex):
+            try:
+                read(text)
+            except GrammarError:
+                pass
