@@ -5,7 +5,8 @@ invalid call as a valid one. A failure is counted (`maskd_output_validation_fail
 with the schema's id (a hash of its JSON), and the request ends as an error, never as a valid answer.
 Outputs cut by the token budget (finish `length`) are reported as cut and not checked; a json_schema
 sent with `strict: false` (some keywords relaxed, README) and json_object are checked as JSON
-objects only; a regex output by Python's own `re.fullmatch` of the client's regex, a GBNF
+objects only; a regex output by Python's own `re.fullmatch` of the client's regex (\\d \\w \\s
+ASCII, as the mask has them), a GBNF
 grammar's by that of its regex, a choice by membership.
 """
 
@@ -59,7 +60,7 @@ class OutputCheck:
             return None
         CHECKED.labels("structured_output").inc()
         if self.format_kind in ("regex", "grammar"):  # by Python's re, not by the token index the mask ran on
-            return None if re.fullmatch(self.pattern, text) else \
+            return None if re.fullmatch(self.pattern, text, re.ASCII) else \
                 self._fail("structured_output", f"the output {text[:200]!r} does not match the regex", {})
         if self.format_kind == "choice":
             return None if text in self.choices else \

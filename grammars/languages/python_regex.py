@@ -2,7 +2,8 @@
 token index reads (outlines-core, Rust's syntax), meaning the same strings; and a choice among
 strings as such a regex.
 
-The whole output must match (as `re.fullmatch`): a `^` / `\\A` that starts the regex and a `$` /
+The whole output must match (as `re.fullmatch` with `re.ASCII`: \\d, \\w and \\s are ASCII, as in
+JSON Schema's `pattern`, not every script's digits): a `^` / `\\A` that starts the regex and a `$` /
 `\\Z` that ends it say so already and are dropped. What no finite automaton holds is refused with
 a RegexError that names it: lookarounds, backreferences, word boundaries, anchors elsewhere,
 atomic groups and possessive repeats; inline flags too, whose meaning the rewrite does not carry.
@@ -23,8 +24,10 @@ from re import _parser
 from grammars.errors import GrammarError
 from grammars.index.token_index import SENTINEL
 
-CATEGORIES = {C.CATEGORY_DIGIT: r"\d", C.CATEGORY_NOT_DIGIT: r"\D", C.CATEGORY_SPACE: r"\s",
-              C.CATEGORY_NOT_SPACE: r"\S", C.CATEGORY_WORD: r"\w", C.CATEGORY_NOT_WORD: r"\W"}
+# \d \w \s and their negations are ASCII, as in JSON Schema (and Python's re.ASCII): Rust's ASCII
+# classes, which its character classes (the only place they are written) read
+CATEGORIES = {C.CATEGORY_DIGIT: "[:digit:]", C.CATEGORY_NOT_DIGIT: "[:^digit:]", C.CATEGORY_SPACE: "[:space:]",
+              C.CATEGORY_NOT_SPACE: "[:^space:]", C.CATEGORY_WORD: "[:word:]", C.CATEGORY_NOT_WORD: "[:^word:]"}
 REFUSED = {C.ASSERT: "lookarounds ((?=...), (?!...), (?<=...), (?<!...))",
            C.ASSERT_NOT: "lookarounds ((?=...), (?!...), (?<=...), (?<!...))",
            C.GROUPREF: "backreferences (\\1, (?P=name))", C.GROUPREF_EXISTS: "conditional groups ((?(1)...))",
