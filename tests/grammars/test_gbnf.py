@@ -71,6 +71,7 @@ def test_what_cannot_be_enforced_is_refused_by_name(text, named):
         gbnf_regexes(text)
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # re's parser on texts such as "[[": "possible nested set"
 def test_any_text_is_read_or_refused_with_a_grammar_error():
     """Random texts of GBNF's (and regex's) symbols: each is a grammar or a GrammarError (a 400),
     never another exception (a 500)."""
