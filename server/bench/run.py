@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-SUITES = ("overhead", "compile", "budget", "speed", "tools", "prefix", "batch")  # in the order they run
+SUITES = ("overhead", "compile", "languages", "budget", "speed", "tools", "prefix", "batch")  # in the order they run
 
 
 def progress(name: str, total: int):
