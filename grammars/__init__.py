@@ -40,6 +40,7 @@ _EXPORTS = {
     "choice_regex": "grammars.languages.python_regex",
     "RegexError": "grammars.languages.python_regex",
     "gbnf_regexes": "grammars.languages.gbnf",
+    "NotRegularError": "grammars.languages.gbnf",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,7 +2,8 @@
 output, read into one OutputFormat: vLLM's `structured_outputs` (exactly one of json, regex, choice,
 grammar, json_object, structural_tag) and its older `guided_json`, `guided_regex`, `guided_choice`,
 `guided_grammar`; llama.cpp's `json_schema` and `grammar`. A request may ask in one field only.
-A GBNF grammar is enforced where it is regular (grammars/languages/gbnf.py); a recursive one, a
+A regex, a choice and a GBNF grammar are read into the token index's regex here, once per
+request. A GBNF grammar is enforced where it is regular (grammars/languages/gbnf.py); a recursive one, a
 Lark grammar (llama.cpp marks one with a first line `%llguidance`) or a structural tag is refused
 with a 400 that says so: an unenforced constraint is never answered as if it were."""
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from grammars import GrammarError, gbnf_regexes
+from grammars import GrammarError, NotRegularError, choice_regex, gbnf_regexes, index_regex
 from server.errors import APIError
 from server.structured_output import OutputFormat
 
@@ -77,24 +78,31 @@ def _format(kind: str, value, field: str) -> OutputFormat:
     if kind == "regex":
         if not isinstance(value, str):
             raise APIError(f"{field} must be a string (a regex in Python's syntax)", param=field)
-        return OutputFormat("regex", pattern=value)
+        return OutputFormat("regex", pattern=value, index_regex=_read(index_regex, value, field, "invalid_regex"))
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
             raise APIError(f"{field} must be a non-empty list of strings", param=field)
-        return OutputFormat("choice", choices=tuple(value))
+        return OutputFormat("choice", choices=tuple(value),
+                            index_regex=_read(choice_regex, value, field, "invalid_choice"))
     if kind == "grammar" and not isinstance(value, str):
         raise APIError(f"{field} must be a string (a GBNF grammar)", param=field)
     if kind == "grammar" and not _lark(value):
-        try:
-            index, check = gbnf_regexes(value)
-        except GrammarError as exc:
-            code = "unsupported_constraint" if "recursive" in str(exc) else "invalid_grammar"
-            raise APIError(f"{field}: {exc}", param=field, code=code) from None
+        index, check = _read(gbnf_regexes, value, field, "invalid_grammar")
         return OutputFormat("grammar", pattern=check, index_regex=index)
     what = "a Lark grammar" if kind == "grammar" else "a structural tag"
     raise APIError(f"{field}: maskd does not enforce {what} yet, and does not answer one unenforced; "
                    "constrain the output with a JSON schema, a regex, a choice or a GBNF grammar", param=field,
                    code="unsupported_constraint")
+
+
+def _read(reader, value, field: str, code: str):
+    """reader(value), its GrammarError a 400 naming `field` (a grammar that is valid but not
+    regular: unsupported_constraint)."""
+    try:
+        return reader(value)
+    except GrammarError as exc:
+        raise APIError(f"{field}: {exc}", param=field,
+                       code="unsupported_constraint" if isinstance(exc, NotRegularError) else code) from None
 
 
 def _lark(text: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from grammars import GrammarError, UnsupportedSchemaError, choice_regex, index_regex
+from grammars import GrammarError, UnsupportedSchemaError
 from grammars import UNSUPPORTED_KEYWORDS
 from server.errors import APIError
 from server.schema_check import check_schema
@@ -20,7 +20,7 @@ class OutputFormat:
     strict: bool | None = None
     pattern: str | None = None  # regex, grammar: Python's regex the whole output matches (the client's)
     choices: tuple[str, ...] | None = None  # choice: the output is one of them
-    index_regex: str | None = None  # grammar: the token index's regex of it
+    index_regex: str | None = None  # regex, choice, grammar: the token index's regex (server/constraint_fields.py)
 
 
 async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields):
@@ -32,11 +32,9 @@ async def build_format_constraint(state: ServerState, fmt: OutputFormat, fields)
     """
     if fmt.kind == "json_object":
         return state.compiler.json_object_matcher()  # the shared automaton, built at startup
-    if fmt.kind in ("regex", "choice", "grammar"):
+    if fmt.index_regex is not None:
         try:
-            regex = fmt.index_regex if fmt.kind == "grammar" else \
-                index_regex(fmt.pattern) if fmt.kind == "regex" else choice_regex(list(fmt.choices))
-            grammar = await state.compiler.compile_regex_async(regex)
+            grammar = await state.compiler.compile_regex_async(fmt.index_regex)
         except GrammarError as exc:
             raise APIError(f"{fields.format}: {exc}", param=fields.format, code=f"invalid_{fmt.kind}") from exc
         return grammar.matcher()

@@ -31,6 +31,10 @@ class GbnfError(GrammarError):
     """A GBNF grammar that cannot be read, or that is not regular."""
 
 
+class NotRegularError(GbnfError):
+    """A GBNF grammar whose rules refer to themselves: valid, but not enforced yet."""
+
+
 @dataclass
 class Parser:
     text: str
@@ -213,7 +217,7 @@ class _Emitter:
             raise GbnfError(f"rule {name!r} is used but not defined")
         if name in path:
             cycle = " -> ".join((*path[path.index(name):], name))
-            raise GbnfError(f"rule {name!r} refers to itself ({cycle}): recursive grammars are not enforced yet; "
+            raise NotRegularError(f"rule {name!r} refers to itself ({cycle}): recursive grammars are not enforced yet; "
                             "write the repetition with * + ? or {m,n}")
         out = self.emit(self.rules[name], (*path, name))
         if len(out) > MAX_REGEX:
